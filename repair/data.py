@@ -1,0 +1,405 @@
+"""Reading and writing every file REPAIR stages exchange (DESIGN 4).
+
+- the seed set T0 from the original ``.pt`` (list of dicts), from JSONL ``{query, positive}`` or from a
+  BEIR folder + split;
+- BEIR folders (``corpus.jsonl[.gz]``, ``queries.jsonl[.gz]``, ``qrels/<split>.tsv[.gz]``);
+- a validating JSONL reader whose errors name the file, line and field;
+- an atomic JSONL/JSON writer (temp file + rename) and a flushed line appender for resumable stages.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import logging
+import os
+import typing
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+logger = logging.getLogger(__name__)
+
+QUERY_KEYS = ("paper_Title", "query", "question")
+PASSAGE_KEYS = ("paper_abstract", "passage", "positive", "abstract", "text")
+LIST_CONTAINERS = ("data", "items", "records", "examples")
+
+
+class DataError(ValueError):
+    """A malformed input file; the message names the file, the line (when there is one) and the field."""
+
+
+# ---------------------------------------------------------------------------------------------- JSONL IO
+def open_text(path: str | os.PathLike, mode: str = "rt"):
+    path = str(path)
+    if path.endswith(".gz"):
+        return gzip.open(path, mode, encoding="utf-8")
+    return open(path, mode, encoding="utf-8")
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is not None:
+        args = ", ".join(_type_name(a) for a in typing.get_args(tp))
+        return f"{origin.__name__}[{args}]"
+    if isinstance(tp, tuple):
+        return " or ".join(_type_name(t) for t in tp)
+    return getattr(tp, "__name__", str(tp))
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    """isinstance with ``list[X]``/``dict[str, X]`` generics; ints are accepted where floats are expected."""
+    if tp is Any:
+        return True
+    if isinstance(tp, tuple):
+        return any(_matches(value, t) for t in tp)
+    origin = typing.get_origin(tp)
+    if origin in (list, tuple):
+        (item,) = typing.get_args(tp)[:1] or (Any,)
+        return isinstance(value, list) and all(_matches(v, item) for v in value)
+    if origin is dict:
+        _, item = typing.get_args(tp)
+        return isinstance(value, dict) and all(_matches(v, item) for v in value.values())
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, tp)
+
+
+def validate_record(record: Any, where: str, required: dict[str, Any] | None = None,
+                    optional: dict[str, Any] | None = None) -> dict:
+    """Check one decoded JSON object against field types; raise :class:`DataError` naming ``where`` and field."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    for name, tp in (required or {}).items():
+        if name not in record:
+            raise DataError(f"{where}: missing field '{name}'")
+        if not _matches(record[name], tp):
+            raise DataError(f"{where}: field '{name}' must be {_type_name(tp)}, got "
+                            f"{type(record[name]).__name__}: {str(record[name])[:80]!r}")
+    for name, tp in (optional or {}).items():
+        if name in record and record[name] is not None and not _matches(record[name], tp):
+            raise DataError(f"{where}: field '{name}' must be {_type_name(tp)}, got "
+                            f"{type(record[name]).__name__}: {str(record[name])[:80]!r}")
+    return record
+
+
+def iter_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
+               optional: dict[str, Any] | None = None, skip_blank: bool = True) -> Iterator[dict]:
+    """Yield validated objects from a JSONL file (``.gz`` allowed). Errors name file, line and field."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    with open_text(path) as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                if skip_blank:
+                    continue
+                raise DataError(f"{path}:{lineno}: blank line")
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+            yield validate_record(record, f"{path}:{lineno}", required, optional)
+
+
+def read_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
+               optional: dict[str, Any] | None = None) -> list[dict]:
+    return list(iter_jsonl(path, required, optional))
+
+
+def _atomic_target(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> int:
+    """Write all rows to a temp file beside ``path`` and rename it: readers never see a half file."""
+    path = Path(path)
+    tmp = _atomic_target(path)
+    count = 0
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                count += 1
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return count
+
+
+def write_json(path: str | os.PathLike, obj: Any, indent: int = 1) -> None:
+    """Atomic JSON write (temp + rename)."""
+    path = Path(path)
+    tmp = _atomic_target(path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(obj, fh, ensure_ascii=False, indent=indent)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+
+
+class JsonlAppender:
+    """Append one complete JSON line at a time (flushed + fsynced) for resumable API stages.
+
+    On open, a trailing partial line left by a killed process is cut off, so the file always holds
+    whole records and a resumed run can trust every line it reads back.
+    """
+
+    def __init__(self, path: str | os.PathLike, fsync: bool = True):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
+        self._repair_tail()
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def _repair_tail(self) -> None:
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        with open(self.path, "rb+") as fh:
+            data = fh.read()
+            if data.endswith(b"\n"):
+                return
+            cut = data.rfind(b"\n") + 1
+            logger.warning("%s: dropping an incomplete last line (%d bytes) left by an interrupted run",
+                           self.path, len(data) - cut)
+            fh.truncate(cut)
+
+    def append(self, row: dict) -> None:
+        self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._fh.flush()
+        if self.fsync:
+            os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+    def __enter__(self) -> "JsonlAppender":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------- BEIR
+@dataclass
+class BeirData:
+    """A BEIR split: corpus ``{doc_id: {"title", "text"}}``, queries of the split, graded qrels."""
+
+    corpus: dict[str, dict[str, str]]
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+    name: str = ""
+
+    def doc_text(self, doc_id: str) -> str:
+        """Corpus text as BEIR/BMRetriever evaluate it: title + " " + text, stripped."""
+        doc = self.corpus[doc_id]
+        return (doc.get("title", "") + " " + doc.get("text", "")).strip()
+
+
+def _find(folder: Path, stem: str) -> Path:
+    for candidate in (folder / stem, folder / f"{stem}.gz"):
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(f"{folder}: neither {stem} nor {stem}.gz exists (is this a BEIR folder?)")
+
+
+def load_qrels(path: str | os.PathLike) -> dict[str, dict[str, int]]:
+    qrels: dict[str, dict[str, int]] = defaultdict(dict)
+    with open_text(path) as fh:
+        for lineno, row in enumerate(csv.reader(fh, delimiter="\t"), start=1):
+            if not row or (lineno == 1 and row[0] == "query-id"):
+                continue
+            if len(row) < 3:
+                raise DataError(f"{path}:{lineno}: expected 3 tab-separated columns (query-id, corpus-id, score)")
+            try:
+                score = int(float(row[2]))
+            except ValueError:
+                raise DataError(f"{path}:{lineno}: field 'score' is not a number: {row[2]!r}") from None
+            qrels[row[0]][row[1]] = score
+    return dict(qrels)
+
+
+def load_beir(folder: str | os.PathLike, split: str = "test", load_corpus: bool = True) -> BeirData:
+    """Load a BEIR folder; only queries that appear in ``qrels/<split>.tsv`` are kept."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: BEIR folder not found")
+    qrels = load_qrels(_find(folder / "qrels", f"{split}.tsv"))
+    queries: dict[str, str] = {}
+    for rec in iter_jsonl(_find(folder, "queries.jsonl"), required={"_id": (str, int), "text": str}):
+        qid = str(rec["_id"])
+        if qid in qrels:
+            queries[qid] = rec["text"]
+    missing = [q for q in qrels if q not in queries]
+    if missing:
+        raise DataError(f"{folder}: {len(missing)} qrels query ids have no query text (e.g. {missing[0]})")
+    corpus: dict[str, dict[str, str]] = {}
+    if load_corpus:
+        for rec in iter_jsonl(_find(folder, "corpus.jsonl"), required={"_id": (str, int), "text": str},
+                              optional={"title": str}):
+            corpus[str(rec["_id"])] = {"title": rec.get("title") or "", "text": rec["text"]}
+    return BeirData(corpus=corpus, queries=queries, qrels=qrels, name=folder.name)
+
+
+# ---------------------------------------------------------------------------------------------- seed T0
+@dataclass
+class SeedSet:
+    """T0: row i pairs query i with its positive passage i (DESIGN 4). Empty rows were dropped and counted."""
+
+    queries: list[str]
+    passages: list[str]
+    source: str = ""
+    dropped: int = 0
+    query_ids: list[str] = field(default_factory=list)
+    doc_ids: list[str] = field(default_factory=list)
+    kept_rows: list[int] = field(default_factory=list)  # row numbers in the source file
+
+    def __len__(self) -> int:
+        return len(self.queries)
+
+    def twins(self) -> list[list[int]]:
+        """Rows whose passage or query text equals row i's: their passages are positives of i, never negatives.
+
+        The original counted a duplicated passage as a negative of its twin, forcing margins <= 0
+        (UPSTREAM 5.18); this is the fix every stage uses.
+        """
+        by_passage: dict[str, list[int]] = defaultdict(list)
+        by_query: dict[str, list[int]] = defaultdict(list)
+        for i, (q, p) in enumerate(zip(self.queries, self.passages)):
+            by_passage[p].append(i)
+            by_query[q].append(i)
+        out = []
+        for i, (q, p) in enumerate(zip(self.queries, self.passages)):
+            group = set(by_passage[p]) | set(by_query[q])
+            group.discard(i)
+            out.append(sorted(group))
+        return out
+
+
+def _first_text(record: dict, keys: tuple[str, ...]) -> str:
+    for key in keys:
+        value = record.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return ""
+
+
+def _seed_from_records(records: Iterable[tuple[str, dict]], source: str) -> SeedSet:
+    seed = SeedSet(queries=[], passages=[], source=source)
+    for row, (where, record) in enumerate(records):
+        if not isinstance(record, dict):
+            raise DataError(f"{where}: expected a dict with a query and a passage, got {type(record).__name__}")
+        query, passage = _first_text(record, QUERY_KEYS), _first_text(record, PASSAGE_KEYS)
+        if not query or not passage:
+            seed.dropped += 1
+            continue
+        seed.queries.append(query)
+        seed.passages.append(passage)
+        seed.kept_rows.append(row)
+    if seed.dropped:
+        logger.info("%s: dropped %d rows with an empty query or passage", source, seed.dropped)
+    return seed
+
+
+def load_seed_pt(path: str | os.PathLike) -> SeedSet:
+    """The original ``torch.save``'d list of dicts (or a dict holding it), loaded with ``weights_only=True``."""
+    import torch
+
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - re-raised with the file name
+        raise DataError(f"{path}: cannot load with torch.load(weights_only=True): {exc}") from None
+    if isinstance(obj, dict):
+        for key in LIST_CONTAINERS:
+            if isinstance(obj.get(key), list):
+                obj = obj[key]
+                break
+    if not isinstance(obj, list):
+        raise DataError(f"{path}: expected a list of dicts (or a dict with one of {LIST_CONTAINERS})")
+    return _seed_from_records(((f"{path}: item {i}", r) for i, r in enumerate(obj)), str(path))
+
+
+def load_seed_jsonl(path: str | os.PathLike) -> SeedSet:
+    """JSONL with one of the query keys and one of the passage keys per line (``{query, positive}``)."""
+    path = Path(path)
+    records = []
+    for lineno, rec in enumerate(iter_jsonl(path), start=1):
+        for key in QUERY_KEYS + PASSAGE_KEYS:
+            if key in rec and rec[key] is not None and not isinstance(rec[key], str):
+                raise DataError(f"{path}:{lineno}: field '{key}' must be a string, got {type(rec[key]).__name__}")
+        if not any(k in rec for k in QUERY_KEYS):
+            raise DataError(f"{path}:{lineno}: missing field 'query' (or one of {QUERY_KEYS})")
+        if not any(k in rec for k in PASSAGE_KEYS):
+            raise DataError(f"{path}:{lineno}: missing field 'positive' (or one of {PASSAGE_KEYS})")
+        records.append((f"{path}:{lineno}", rec))
+    return _seed_from_records(records, str(path))
+
+
+def load_seed_beir(folder: str | os.PathLike, split: str = "train", all_positives: bool = False) -> SeedSet:
+    """One row per query (its first positive in qrels order), or one row per (query, positive) pair.
+
+    The passage text is title + " " + text, the same text evaluation embeds.
+    """
+    data = load_beir(folder, split)
+    seed = SeedSet(queries=[], passages=[], source=f"{folder}:{split}")
+    for qid, rels in data.qrels.items():
+        positives = [d for d, s in rels.items() if s > 0]
+        if not positives:
+            continue
+        for did in positives if all_positives else positives[:1]:
+            if did not in data.corpus:
+                raise DataError(f"{folder}/qrels/{split}.tsv: corpus-id {did} (query {qid}) is not in the corpus")
+            query, passage = data.queries[qid].strip(), data.doc_text(did)
+            if not query or not passage:
+                seed.dropped += 1
+                continue
+            seed.queries.append(query)
+            seed.passages.append(passage)
+            seed.query_ids.append(qid)
+            seed.doc_ids.append(did)
+            seed.kept_rows.append(len(seed.kept_rows) + seed.dropped)
+    return seed
+
+
+def load_seed(path: str | os.PathLike, split: str = "train", all_positives: bool = False) -> SeedSet:
+    """Dispatch on the path: a folder is BEIR, ``.pt``/``.pth`` the original format, else JSONL."""
+    path = Path(path)
+    if path.is_dir():
+        return load_seed_beir(path, split, all_positives)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: seed training data not found")
+    if path.suffix in (".pt", ".pth"):
+        return load_seed_pt(path)
+    return load_seed_jsonl(path)
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """Non-empty, non-comment lines of a text file (concept lists, key files)."""
+    with open(path, encoding="utf-8") as fh:
+        return [ln.strip() for ln in io.StringIO(fh.read()) if ln.strip() and not ln.strip().startswith("#")]

