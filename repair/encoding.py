@@ -70,6 +70,13 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
 
 
+def is_causal_model(model: torch.nn.Module) -> bool:
+    """True when every attention module declares causal attention (HF decoders set ``is_causal = True``)."""
+    flags = [m.is_causal for m in model.modules() if isinstance(getattr(m, "is_causal", None), bool)
+             and "attention" in type(m).__name__.lower()]
+    return bool(flags) and all(flags)
+
+
 def _files_fingerprint(folder: Path, patterns: Sequence[str], content: bool) -> list:
     """Identity of the weight files in a folder: full sha256 (adapters: small) or name/size/mtime (bases)."""
     rows = []
@@ -200,6 +207,10 @@ class Retriever:
         self.pad_id = tokenizer.pad_token_id
         self.padding_side = tokenizer.padding_side
         self._accepts_use_cache = "use_cache" in getattr(getattr(model, "config", None), "to_dict", dict)()
+        # A causal decoder with right padding needs no attention mask: a real token only attends to earlier
+        # (real) tokens, so its hidden state is unchanged by the pads after it. Dropping the mask lets SDPA
+        # take its is_causal kernel instead of building a padded 4-D mask (bench/encode.py measures it).
+        self.skip_mask = (pooling == "eos" and self.padding_side == "right" and is_causal_model(model))
         self.identity = identity
         self.cache: EmbeddingCache | None = None
         if cache_dir is not None and identity is not None:
@@ -297,9 +308,9 @@ class Retriever:
     def embed(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Forward + pool + L2-normalise (float32). Differentiable: the trainer calls this directly."""
         kwargs = {"use_cache": False} if self._accepts_use_cache else {}
-        hidden = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                            **kwargs).last_hidden_state
         mask = batch["attention_mask"]
+        hidden = self.model(input_ids=batch["input_ids"], attention_mask=None if self.skip_mask else mask,
+                            **kwargs).last_hidden_state
         pooled = last_token_pool(hidden, mask) if self.pooling == "eos" else mean_pool(hidden, mask)
         return F.normalize(pooled.float(), dim=-1)
 

