@@ -2,7 +2,7 @@
 
 BEIR sets: BMRetriever's ``prompt.py`` table (UPSTREAM.md 6), copied as exact strings because the
 published numbers depend on them. MeSH: REPAIR's ``eval_mesh.py`` string. BIOSSES, iCliniq, ChemLit-QA and
-RELISH have no instruction in any available source; the strings below are our choice (README, "Evaluation")
+RELISH have no instruction in any available source; the strings below are our choice (docs/evaluation.md)
 and every eval script accepts ``--instruction`` to override.
 """
 
@@ -23,7 +23,7 @@ INSTRUCTIONS: dict[str, str] = {
     "quora": "Given a question, retrieve questions that are semantically equivalent to the given question",
     # REPAIR eval_mesh.py
     "mesh": "Given a concept, retrieve passages for its definition.",
-    # our choices (documented in the README)
+    # our choices (docs/evaluation.md, "Instructions")
     "biosses": "Retrieve semantically similar biomedical sentences",
     "icliniq": "Given a medical question from a patient, retrieve the doctor's answer to the question",
     "chemlit-qa": "Given a chemistry question, retrieve passages that answer the question",

@@ -27,21 +27,34 @@ def run_from_topk(query_ids: list[str], doc_ids: list[str], scores: np.ndarray, 
     return run
 
 
+def trec_order(hits: Mapping[str, float]) -> list[tuple[str, float]]:
+    """A run's hits in trec_eval's ranking order: score descending, ties by doc id *descending*
+    (trec_eval sorts equal scores by docno in reverse), so a cut at k keeps what trec_eval ranks first."""
+    return sorted(hits.items(), key=lambda kv: (-kv[1], _Desc(kv[0])))
+
+
+class _Desc(str):
+    """A string that sorts in reverse order (tie-break key for :func:`trec_order`)."""
+
+    def __lt__(self, other: str) -> bool:
+        return str.__gt__(self, other)
+
+
 def _truncate(run: Run, k: int) -> dict[str, dict[str, float]]:
-    out = {}
-    for qid, hits in run.items():
-        top = sorted(hits.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
-        out[qid] = dict(top)
-    return out
+    return {qid: dict(trec_order(hits)[:k]) for qid, hits in run.items()}
 
 
 def evaluate_run(qrels: Qrels, run: Run, ndcg_at: Iterable[int] = (10,), map_at: Iterable[int] = (10,),
                  recall_at: Iterable[int] = (10, 100), mrr_at: Iterable[int] = (10,),
-                 precision_at: Iterable[int] = ()) -> dict[str, float]:
+                 precision_at: Iterable[int] = (), *, ndcg_full: bool = False, map_full: bool = False,
+                 relevance_level: int = 1) -> dict[str, float]:
     """Mean metrics over the queries of ``qrels`` (a query missing from ``run`` scores 0).
 
-    Keys: ``ndcg@k``, ``map@k``, ``recall@k``, ``mrr@k``, ``p@k``. MRR@k is pytrec's reciprocal rank on the
-    run truncated to its top k. Ties in the run are ordered by doc id, as trec_eval does.
+    Keys: ``ndcg@k``, ``map@k``, ``recall@k``, ``mrr@k``, ``p@k``, and with ``ndcg_full``/``map_full`` the
+    uncut ``ndcg``/``map`` over the whole run (RELISH-style graded sets). nDCG uses the graded qrels as linear
+    gains (trec_eval); MAP, recall, P and MRR count a document relevant when its grade >= ``relevance_level``.
+    MRR@k is pytrec's reciprocal rank on the run cut to its top k. Ties in the run are broken as trec_eval
+    breaks them (doc id descending, :func:`trec_order`).
     """
     import pytrec_eval
 
@@ -52,7 +65,12 @@ def evaluate_run(qrels: Qrels, run: Run, ndcg_at: Iterable[int] = (10,), map_at:
     measures.update(f"map_cut.{k}" for k in map_at)
     measures.update(f"recall.{k}" for k in recall_at)
     measures.update(f"P.{k}" for k in precision_at)
-    per_query = pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(full) if measures else {}
+    if ndcg_full:
+        measures.add("ndcg")
+    if map_full:
+        measures.add("map")
+    per_query = (pytrec_eval.RelevanceEvaluator(qrels, measures, relevance_level=relevance_level).evaluate(full)
+                 if measures else {})
     out: dict[str, float] = {}
     n = max(len(qrels), 1)
 
@@ -67,8 +85,13 @@ def evaluate_run(qrels: Qrels, run: Run, ndcg_at: Iterable[int] = (10,), map_at:
         out[f"recall@{k}"] = mean(f"recall_{k}")
     for k in precision_at:
         out[f"p@{k}"] = mean(f"P_{k}")
+    if ndcg_full:
+        out["ndcg"] = mean("ndcg")
+    if map_full:
+        out["map"] = mean("map")
     for k in mrr_at:
-        rr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(_truncate(full, k))
+        rr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"},
+                                            relevance_level=relevance_level).evaluate(_truncate(full, k))
         out[f"mrr@{k}"] = float(sum(rr.get(q, {}).get("recip_rank", 0.0) for q in qrels) / n)
     return out
 
