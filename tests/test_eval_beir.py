@@ -81,4 +81,5 @@ def test_eval_beir_cli_matches_independent_ndcg(tiny_model_dir, tmp_path):
 def test_eval_beir_missing_folder_message(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "eval" / "eval_beir.py"), "--data", str(tmp_path / "nope")],
                           capture_output=True, text=True)
-    assert proc.returncode != 0 and "BEIR folder not found" in proc.stderr
+    assert proc.returncode == 2 and str(tmp_path / "nope") in proc.stderr and "not found" in proc.stderr
+    assert "Traceback" not in proc.stderr
