@@ -2,7 +2,8 @@
 """Step 7: embed every q_new (query format) and every candidate document (passage format) of an expansion file.
 
 Writes an embedding dir that steps 8 and 9 read without loading the model: queries.npy / documents.npy
-(float32, L2-normalised), queries.jsonl / documents.jsonl ({"sha1", "text"} per row) and meta.json (the
+(float32, L2-normalised), queries.jsonl / documents.jsonl ({"text"} per row), queries.sha1.npy /
+documents.sha1.npy (the sha1 of each row's text: the lookup index) and meta.json (the
 retriever's identity; written last, it marks a complete dir). Vectors go through the on-disk embedding
 cache (default <output_dir>/cache), so a rerun with the same model and adapter runs no forward pass.
 

@@ -4,8 +4,9 @@ For every tuple (q_new, d+, D-_cand) of the expansion file (SCHEMAS.md, issue 4)
 
 * step 7 embeds every q_new in QUERY format and every document (d+ and the candidates) in PASSAGE format
   with the current retriever and stores the vectors in an *embedding dir* (``queries.npy`` /
-  ``documents.npy`` + one text per row in ``queries.jsonl`` / ``documents.jsonl`` + ``meta.json``), so
-  steps 8 and 9 never load the model;
+  ``documents.npy``, one text per row in ``queries.jsonl`` / ``documents.jsonl``, the sha1 of each row's
+  text in ``queries.sha1.npy`` / ``documents.sha1.npy``, and ``meta.json``), so steps 8 and 9 never load
+  the model;
 * step 8 (README Eq. 7) ranks D-_cand by s(q_new, d) and keeps the top ``top_k`` with scores, after an
   optional positive-aware false-negative guard (NV-Retriever's TopK-MarginPos / TopK-PercPos);
 * step 9 (README Eq. 6) keeps a tuple only if rank(d+ | q_new, D_pool) <= kappa with the *local* pool
@@ -45,7 +46,8 @@ EMBEDDING_DIR_VERSION = 1
 QUERIES, DOCUMENTS = "queries", "documents"
 META_FILE = "meta.json"
 
-EXPANSION_REQUIRED = {"id": (str, int), "q_new": str, "d_pos": str, "negative_candidates": list[dict]}
+# negative_candidates items are checked in the loop that reads them (one pass instead of a recursive type check)
+EXPANSION_REQUIRED = {"id": (str, int), "q_new": str, "d_pos": str, "negative_candidates": list}
 TRIPLET_REQUIRED = {"query": str, "pos_document": str, "hard_negatives": list[str]}
 COMMON_OPTIONAL = {"concepts": list[str], "source": str, "negative_sources": list[str], "negative_traces": list}
 TRIPLET_OPTIONAL = {"id": (str, int), "n_candidates": int, "hard_negative_scores": list[float], **COMMON_OPTIONAL}
@@ -176,6 +178,9 @@ def _parse_line(rec: dict, where: str) -> tuple[str, str, str, list[str], dict]:
         query, positive, raw = rec["q_new"], rec["d_pos"], rec["negative_candidates"]
         texts = []
         for i, cand in enumerate(raw):
+            if not isinstance(cand, dict):
+                raise DataError(f"{where}: field 'negative_candidates[{i}]' must be an object, got "
+                                f"{type(cand).__name__}")
             if "abstract" not in cand:
                 raise DataError(f"{where}: missing field 'negative_candidates[{i}].abstract'")
             abstract = cand["abstract"]
@@ -290,7 +295,8 @@ def write_embedding_dir(out_dir: str | os.PathLike, queries: Sequence[str], docu
                         write: bool = True) -> int:
     """Encode texts chunk by chunk (``encode(texts, "query"|"passage")``) into ``queries.npy``/``documents.npy``.
 
-    Rows follow the given text order; ``<name>.jsonl`` holds ``{"sha1", "text"}`` per row. Vectors stream into
+    Rows follow the given text order; ``<name>.jsonl`` holds ``{"text"}`` per row and ``<name>.sha1.npy`` the
+    sha1 of each text (:func:`text_sha1`; the index steps 8/9 look texts up in). Vectors stream into
     a memory-mapped temp file renamed into place, so a corpus larger than RAM works and a killed run never
     leaves a half array. ``meta.json`` is removed first and written last (:func:`write_embedding_meta`): it
     marks a complete dir. With ``write=False`` (torch.distributed ranks > 0) only ``encode`` is called.
@@ -321,7 +327,12 @@ def write_embedding_dir(out_dir: str | os.PathLike, queries: Sequence[str], docu
                 array.flush()
                 del array
             os.replace(tmp, out / f"{name}.npy")
-            write_jsonl(out / f"{name}.jsonl", ({"sha1": text_sha1(t), "text": t} for t in texts))
+            digests = [text_sha1(t) for t in texts]
+            write_jsonl(out / f"{name}.jsonl", ({"text": t} for t in texts))
+            sha_tmp = out / f".{name}.sha1.npy.tmp"
+            with open(sha_tmp, "wb") as fh:
+                np.save(fh, np.array(digests, dtype="S40"))
+            os.replace(sha_tmp, out / f"{name}.sha1.npy")
     return dim
 
 
@@ -353,14 +364,13 @@ class EmbeddingDir:
         arrays, indexes = {}, {}
         for name in (QUERIES, DOCUMENTS):
             arrays[name] = np.load(path / f"{name}.npy", mmap_mode="r")
+            digests = np.load(path / f"{name}.sha1.npy")
+            if arrays[name].shape[0] != len(digests):
+                raise DataError(f"{path}: {name}.npy has {arrays[name].shape[0]} rows but {name}.sha1.npy "
+                                f"lists {len(digests)} texts")
             index: dict[str, int] = {}
-            n_rows = 0
-            for rec in iter_jsonl(path / f"{name}.jsonl", required={"sha1": str}):
-                index.setdefault(rec["sha1"], n_rows)
-                n_rows += 1
-            if arrays[name].shape[0] != n_rows:
-                raise DataError(f"{path}: {name}.npy has {arrays[name].shape[0]} rows but {name}.jsonl "
-                                f"lists {n_rows} texts")
+            for row, digest in enumerate(digests.tolist()):
+                index.setdefault(digest.decode("ascii"), row)
             indexes[name] = index
         return cls(path, meta, arrays[QUERIES], arrays[DOCUMENTS], indexes[QUERIES], indexes[DOCUMENTS])
 

@@ -325,6 +325,7 @@ def test_identical_candidate_never_negative_after_selection(tmp_path):
     (lambda r: r.pop("d_pos"), r"exp.jsonl:2: missing field 'd_pos'"),
     (lambda r: r["negative_candidates"][1].pop("abstract"), r"exp.jsonl:2: missing field 'negative_candidates\[1\].abstract'"),
     (lambda r: r.update(negative_candidates="a string"), r"exp.jsonl:2: field 'negative_candidates' must be list"),
+    (lambda r: r.update(negative_candidates=["a string"]), r"exp.jsonl:2: field 'negative_candidates\[0\]' must be an object"),
     (lambda r: r.update(q_new="   "), r"exp.jsonl:2: field 'q_new' is empty"),
     (lambda r: r.update(negative_sources=["mined"]), r"exp.jsonl:2: field 'negative_sources' has 1 entries"),
     (lambda r: r.update(negative_sources=["mined", "typo", "mined", "mined", "mined"]), r"negative_sources\[1\]"),
