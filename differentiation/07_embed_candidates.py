@@ -9,7 +9,8 @@ cache (default <output_dir>/cache), so a rerun with the same model and adapter r
 
 Example (README):
   python differentiation/07_embed_candidates.py --input_jsonl expansion.jsonl --output_dir embed_cache/ --num_gpus 1
-Several GPUs: --num_gpus N (N worker processes), or torchrun --nproc_per_node N differentiation/07_embed_candidates.py ...
+Several GPUs: --num_gpus N (N worker processes), or
+  torchrun --nproc_per_node N differentiation/07_embed_candidates.py ...
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repair.differentiation import EmbedConfig, launch_embedding  # noqa: E402
-from repair.runtime import dist_info, setup_logging  # noqa: E402
+from repair.runtime import setup_logging  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -32,7 +33,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="expansion JSONL (06 output); triplet JSONL (08 output) is accepted too; several files allowed")
     p.add_argument("--output_dir", required=True, help="embedding dir to write (created if missing)")
     p.add_argument("--num_gpus", type=int, default=1,
-                   help="worker processes, one per GPU (on CPU: gloo workers); ignored under torchrun (default: %(default)s)")
+                   help="worker processes, one per GPU (on CPU: gloo workers); ignored under torchrun "
+                        "(default: %(default)s)")
     p.add_argument("--model", default="smollm2-135m",
                    help="base model: HF id, local folder, or alias smollm2-135m | minilm (default: %(default)s)")
     p.add_argument("--adapter", default=None, help="LoRA adapter folder of the current retriever")
@@ -45,7 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--instruction", default=None,
                    help="query instruction (default: the training instruction of the retriever's text format)")
     p.add_argument("--chunk", type=int, default=65536,
-                   help="texts per encode call; bounds memory and is the unit a killed run resumes from (default: %(default)s)")
+                   help="texts per encode call, bounds memory; a killed run keeps what the cache flushed "
+                        "(default: %(default)s)")
     p.add_argument("--trust_remote_code", action="store_true", help="allow model code from the model folder/hub")
     p.add_argument("--log_level", default="INFO", help="logging level (default: %(default)s)")
     return p.parse_args(argv)
@@ -60,7 +63,7 @@ def main(argv=None) -> dict:
                          cache_dir=args.cache_dir, instruction=args.instruction,
                          trust_remote_code=args.trust_remote_code, chunk=args.chunk)
     meta = launch_embedding(config, args.num_gpus)
-    if dist_info()[0] == 0 and int(os.environ.get("RANK", "0")) == 0 and meta:
+    if meta:  # rank 0 (other torchrun ranks return {})
         print(f"07: {meta['input']['tuples']} tuples -> {meta['n_queries']} queries + {meta['n_documents']} "
               f"documents (dim {meta['dim']}) in {args.output_dir}; forwarded {meta['texts_forwarded']} texts "
               f"(0 = all from cache) with {meta['processes']} process(es) in {meta['seconds']} s", flush=True)

@@ -33,17 +33,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--embedding_dir", required=True, help="output dir of 07_embed_candidates.py")
     p.add_argument("--output_jsonl", required=True,
                    help="final training JSONL, or a directory to write final_train_data.bottom_{pp}pct.jsonl in")
-    p.add_argument("--top_k", type=int, default=15, help="negatives written per kept tuple, best first (default: %(default)s)")
+    p.add_argument("--top_k", type=int, default=15,
+                   help="negatives written per kept tuple, best first (default: %(default)s)")
     p.add_argument("--consistency_k", type=int, default=5,
-                   help="kappa: keep a tuple iff rank(d+) <= kappa (README default 5; the paper uses 2) (default: %(default)s)")
+                   help="kappa: keep a tuple iff rank(d+) <= kappa (README default 5; the paper uses 2) "
+                        "(default: %(default)s)")
     p.add_argument("--pool", choices=["local", "global"], default="local",
                    help="local: {d+} u the tuple's candidates (README Eq. 6); global: all documents (original code)")
     p.add_argument("--pct", type=int, default=None,
                    help="bottom percentile for the file name when --output_jsonl is a directory "
                         "(default: read from the input name, e.g. bottom_30pct)")
     p.add_argument("--stats_json", default=None, help="statistics JSON (default: <output>.stats.json)")
-    p.add_argument("--batch_size", type=int, default=1024, help="queries per search chunk, --pool global (default: %(default)s)")
-    p.add_argument("--device", default=None, help="device for --pool global search: cpu | cuda (default: cuda when available)")
+    p.add_argument("--batch_size", type=int, default=1024,
+                   help="queries per search chunk, --pool global (default: %(default)s)")
+    p.add_argument("--device", default=None,
+                   help="device for --pool global search: cpu | cuda (default: cuda when available)")
     p.add_argument("--log_level", default="INFO", help="logging level (default: %(default)s)")
     return p.parse_args(argv)
 

@@ -50,7 +50,8 @@ META_FILE = "meta.json"
 EXPANSION_REQUIRED = {"id": (str, int), "q_new": str, "d_pos": str, "negative_candidates": list}
 TRIPLET_REQUIRED = {"query": str, "pos_document": str, "hard_negatives": list[str]}
 COMMON_OPTIONAL = {"concepts": list[str], "source": str, "negative_sources": list[str], "negative_traces": list}
-TRIPLET_OPTIONAL = {"id": (str, int), "n_candidates": int, "hard_negative_scores": list[float], **COMMON_OPTIONAL}
+# input scores are not read (step 9 rescores from the embedding dir), so they are not validated either
+TRIPLET_OPTIONAL = {"id": (str, int), "n_candidates": int, **COMMON_OPTIONAL}
 
 
 def text_sha1(text: str) -> str:
@@ -91,6 +92,7 @@ class LoadStats:
     lines: int = 0
     expansion_lines: int = 0
     triplet_lines: int = 0
+    concept_lines: int = 0
     tuples: int = 0
     merged_duplicate_tuples: int = 0
     candidates_read: int = 0
@@ -171,48 +173,103 @@ def _parallel_list(rec: dict, name: str, n: int, where: str) -> list | None:
     return value
 
 
-def _parse_line(rec: dict, where: str) -> tuple[str, str, str, list[str], dict]:
-    """(id, query, positive, candidate texts, extras) of one expansion or triplet line, validated."""
+def _texts_of(items: list, field: str, key: str, where: str) -> list[str]:
+    """The ``key`` text of every object in ``items`` ("" for null), checking each item names its field."""
+    texts = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise DataError(f"{where}: field '{field}[{i}]' must be an object, got {type(item).__name__}")
+        if key not in item:
+            raise DataError(f"{where}: missing field '{field}[{i}].{key}'")
+        value = item[key]
+        if value is not None and not isinstance(value, str):
+            raise DataError(f"{where}: field '{field}[{i}].{key}' must be str or null, got {type(value).__name__}")
+        texts.append(value or "")
+    return texts
+
+
+def _parse_line(rec: dict, where: str) -> tuple[str, list[tuple[str, str, str, str, list[str], dict]]]:
+    """(line kind, [(id, where, query, positive, candidate texts, extras)]) of one validated line.
+
+    Three kinds: an expansion line (06 output, one tuple), a triplet line (08 output, one tuple), and the
+    original's per-concept line ``{concept, papers}`` (``--mode concept``): every paper with a title and an
+    abstract is a tuple (title, abstract) whose candidates are the group's other abstracts (UPSTREAM 2.10).
+    """
     if "q_new" in rec:
         validate_record(rec, where, EXPANSION_REQUIRED, COMMON_OPTIONAL)
-        query, positive, raw = rec["q_new"], rec["d_pos"], rec["negative_candidates"]
-        texts = []
-        for i, cand in enumerate(raw):
-            if not isinstance(cand, dict):
-                raise DataError(f"{where}: field 'negative_candidates[{i}]' must be an object, got "
-                                f"{type(cand).__name__}")
-            if "abstract" not in cand:
-                raise DataError(f"{where}: missing field 'negative_candidates[{i}].abstract'")
-            abstract = cand["abstract"]
-            if abstract is not None and not isinstance(abstract, str):
-                raise DataError(f"{where}: field 'negative_candidates[{i}].abstract' must be str or null, "
-                                f"got {type(abstract).__name__}")
-            texts.append(abstract or "")
-        kind, names = "expansion", ("q_new", "d_pos")
-        rid = str(rec["id"])
+        kind, names, rid = "expansion", ("q_new", "d_pos"), str(rec["id"])
+        query, positive = rec["q_new"], rec["d_pos"]
+        texts = _texts_of(rec["negative_candidates"], "negative_candidates", "abstract", where)
     elif "query" in rec or "pos_document" in rec:
         validate_record(rec, where, TRIPLET_REQUIRED, TRIPLET_OPTIONAL)
-        query, positive, texts = rec["query"], rec["pos_document"], list(rec["hard_negatives"])
         kind, names = "triplet", ("query", "pos_document")
         rid = str(rec["id"]) if rec.get("id") is not None else where.rsplit("/", 1)[-1]
+        query, positive, texts = rec["query"], rec["pos_document"], list(rec["hard_negatives"])
+    elif "papers" in rec and "concept" in rec:
+        validate_record(rec, where, {"concept": str, "papers": list})
+        titles = _texts_of(rec["papers"], "papers", "title", where)
+        abstracts = _texts_of(rec["papers"], "papers", "abstract", where)
+        extras = {"sources": None, "traces": None, "concepts": [rec["concept"]], "truncated": False}
+        tuples = []
+        for i, (title, abstract) in enumerate(zip(titles, abstracts)):
+            if title.strip() and abstract.strip():
+                source = rec["papers"][i].get("source") or ""
+                tuples.append((f"{rec['concept']}#{i}", f"{where} papers[{i}]", title.strip(), abstract.strip(),
+                               abstracts[:i] + abstracts[i + 1:], {**extras, "source": source}))
+        return "concept", tuples
     else:
-        raise DataError(f"{where}: neither an expansion line (q_new, d_pos, negative_candidates) nor a "
-                        f"triplet line (query, pos_document, hard_negatives)")
+        raise DataError(f"{where}: not an expansion line (q_new, d_pos, negative_candidates), a triplet line "
+                        f"(query, pos_document, hard_negatives) or a concept line (concept, papers)")
     query, positive = query.strip(), positive.strip()
     for name, value in zip(names, (query, positive)):
         if not value:
             raise DataError(f"{where}: field '{name}' is empty")
-    extras = {"kind": kind,
-              "sources": _parallel_list(rec, "negative_sources", len(texts), where),
+    extras = {"sources": _parallel_list(rec, "negative_sources", len(texts), where),
               "traces": _parallel_list(rec, "negative_traces", len(texts), where),
               "concepts": list(rec.get("concepts") or []),
               "source": rec.get("source") or "",
               "truncated": kind == "triplet" and int(rec.get("n_candidates") or 0) > len(texts)}
-    return rid, query, positive, texts, extras
+    return kind, [(rid, where, query, positive, texts, extras)]
+
+
+def _add_tuple(drafts: list[_Draft], by_key: dict, queries: TextTable, documents: TextTable, stats: LoadStats,
+               rid: str, where: str, query: str, positive: str, texts: list[str], ex: dict) -> None:
+    """Intern one parsed tuple's texts, merging it into an earlier tuple with the same (query, positive)."""
+    qrow, prow = queries.add(query), documents.add(positive)
+    key = (qrow, prow)
+    has_provenance = ex["sources"] is not None or ex["traces"] is not None
+    if key in by_key:
+        draft = drafts[by_key[key]]
+        stats.merged_duplicate_tuples += 1
+        draft.concepts += [c for c in ex["concepts"] if c not in draft.concepts]
+        draft.provenance |= has_provenance
+        draft.truncated |= ex["truncated"]
+    else:
+        by_key[key] = len(drafts)
+        draft = _Draft(rid, where, qrow, prow, list(ex["concepts"]), ex["source"], has_provenance, ex["truncated"])
+        drafts.append(draft)
+    for i, text in enumerate(texts):
+        stats.candidates_read += 1
+        text = text.strip()
+        if not text:
+            stats.empty_candidates += 1
+            continue
+        row = documents.add(text)
+        if row == prow:
+            stats.candidates_equal_positive += 1
+            continue
+        if row in draft.seen:
+            stats.duplicate_candidates += 1
+            continue
+        draft.seen.add(row)
+        draft.cands.append(row)
+        draft.cand_sources.append(ex["sources"][i] if ex["sources"] is not None else MINED)
+        draft.cand_traces.append(ex["traces"][i] if ex["traces"] is not None else None)
 
 
 def load_tuples(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> TupleSet:
-    """Read expansion lines (06 output) and/or triplet lines (08 output) into one deduplicated TupleSet.
+    """Read expansion lines (06 output), triplet lines (08 output) and/or the original's concept lines into one
+    deduplicated TupleSet.
 
     Duplicate rules (UPSTREAM 5.18 fixed): candidates are stripped, empty ones are not documents; a candidate
     whose text equals d+, or equals the positive of any tuple with the same query text, is removed; repeated
@@ -226,40 +283,11 @@ def load_tuples(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Tuple
     by_key: dict[tuple[int, int], int] = {}
     for path in paths:
         for lineno, rec in iter_jsonl(path, with_lineno=True):
-            where = f"{path}:{lineno}"
-            rid, query, positive, texts, ex = _parse_line(rec, where)
+            kind, parsed = _parse_line(rec, f"{path}:{lineno}")
             stats.lines += 1
-            setattr(stats, f"{ex['kind']}_lines", getattr(stats, f"{ex['kind']}_lines") + 1)
-            qrow, prow = queries.add(query), documents.add(positive)
-            key = (qrow, prow)
-            if key in by_key:
-                draft = drafts[by_key[key]]
-                stats.merged_duplicate_tuples += 1
-                draft.concepts += [c for c in ex["concepts"] if c not in draft.concepts]
-                draft.provenance |= ex["sources"] is not None or ex["traces"] is not None
-                draft.truncated |= ex["truncated"]
-            else:
-                by_key[key] = len(drafts)
-                draft = _Draft(rid, where, qrow, prow, ex["concepts"], ex["source"],
-                               ex["sources"] is not None or ex["traces"] is not None, ex["truncated"])
-                drafts.append(draft)
-            for i, text in enumerate(texts):
-                stats.candidates_read += 1
-                text = text.strip()
-                if not text:
-                    stats.empty_candidates += 1
-                    continue
-                row = documents.add(text)
-                if row == prow:
-                    stats.candidates_equal_positive += 1
-                    continue
-                if row in draft.seen:
-                    stats.duplicate_candidates += 1
-                    continue
-                draft.seen.add(row)
-                draft.cands.append(row)
-                draft.cand_sources.append(ex["sources"][i] if ex["sources"] is not None else MINED)
-                draft.cand_traces.append(ex["traces"][i] if ex["traces"] is not None else None)
+            setattr(stats, f"{kind}_lines", getattr(stats, f"{kind}_lines") + 1)
+            for rid, where, query, positive, texts, ex in parsed:
+                _add_tuple(drafts, by_key, queries, documents, stats, rid, where, query, positive, texts, ex)
     # the positive of a tuple with the same query text is a positive of this query too, never a negative
     positives_of_query: dict[int, set[int]] = {}
     for d in drafts:
@@ -630,10 +658,10 @@ def consistency_filter(tuples: TupleSet, emb: EmbeddingDir, *, top_k: int = 15, 
         rows = _global_pool(tuples, emb, top_k, consistency_k, device, query_chunk)
         doc_texts = emb.document_texts()
     for t, rank, negatives, pos_score in rows:
-        hist[rank if rank is not None else "not_found"] += 1
         if not negatives:
             dropped_empty += 1
             continue
+        hist[rank if rank is not None else "not_found"] += 1
         if rank is None or rank > consistency_k:
             dropped_rank += 1
             continue
@@ -786,7 +814,12 @@ def _init_distributed(device: str | None) -> None:
 def _spawned_worker(rank: int, world: int, port: int, config: EmbedConfig) -> None:
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
+    import torch
+
     from .runtime import setup_logging
+
+    if not torch.cuda.is_available() or (config.device or "").startswith("cpu"):
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # CPU workers share the cores
 
     setup_logging("INFO" if rank == 0 else "WARNING")
     distributed_embedding(config)

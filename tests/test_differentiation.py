@@ -7,7 +7,6 @@ an independent brute-force loop in this file.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -282,8 +281,8 @@ def test_random_tuples_match_brute_force(tmp_path):
     # global pool by brute force: rank d+ among every document of the embedding dir
     got = by_id(consistency_filter(tuples, emb, top_k=4, consistency_k=3, pool="global")[0])
     for tid, (q, pos, _) in spec.items():
-        scores = sorted(((float(np.dot(queries[q], v)), d) for d, v in docs.items() if d in set(tuples.documents.texts)),
-                        key=lambda x: -x[0])
+        pool = set(tuples.documents.texts)
+        scores = sorted(((float(np.dot(queries[q], v)), d) for d, v in docs.items() if d in pool), key=lambda x: -x[0])
         ranked = [d for _, d in scores]
         rank = ranked.index(pos) + 1
         assert (tid in got) == (rank <= 3)
@@ -323,9 +322,11 @@ def test_identical_candidate_never_negative_after_selection(tmp_path):
 
 @pytest.mark.parametrize("mutate,message", [
     (lambda r: r.pop("d_pos"), r"exp.jsonl:2: missing field 'd_pos'"),
-    (lambda r: r["negative_candidates"][1].pop("abstract"), r"exp.jsonl:2: missing field 'negative_candidates\[1\].abstract'"),
+    (lambda r: r["negative_candidates"][1].pop("abstract"),
+     r"exp.jsonl:2: missing field 'negative_candidates\[1\].abstract'"),
     (lambda r: r.update(negative_candidates="a string"), r"exp.jsonl:2: field 'negative_candidates' must be list"),
-    (lambda r: r.update(negative_candidates=["a string"]), r"exp.jsonl:2: field 'negative_candidates\[0\]' must be an object"),
+    (lambda r: r.update(negative_candidates=["a string"]),
+     r"exp.jsonl:2: field 'negative_candidates\[0\]' must be an object"),
     (lambda r: r.update(q_new="   "), r"exp.jsonl:2: field 'q_new' is empty"),
     (lambda r: r.update(negative_sources=["mined"]), r"exp.jsonl:2: field 'negative_sources' has 1 entries"),
     (lambda r: r.update(negative_sources=["mined", "typo", "mined", "mined", "mined"]), r"negative_sources\[1\]"),
@@ -463,3 +464,25 @@ def test_step8_script_guard_stats(hand, tmp_path):
         "--fn_margin", "0.05"])
     stats = read_json(tmp_path / "hn.stats.json")
     assert stats["guard_dropped"] == 5 and stats["written"] == 3 and stats["fn_margin"] == 0.05
+
+
+def test_original_concept_lines_become_tuples_and_repeats_merge(tmp_path):
+    def paper(title, abstract):
+        return {"pid": title, "doi": None, "title": title, "abstract": abstract, "source": "semantic_scholar"}
+
+    write_jsonl(tmp_path / "06.semantic.jsonl", [
+        {"concept": "TiO2", "got_k": 3, "papers": [paper("t1", "abstract one"), paper("t2", "abstract two"),
+                                                  paper("t3", None)]},
+        {"concept": "ZnO", "got_k": 2, "papers": [paper("t2", "abstract two"), paper("t4", "abstract four")]},
+        {"concept": "failed", "got_k": 0, "papers": [], "error": "HTTP 429"},
+    ])
+    tuples = load_tuples(tmp_path / "06.semantic.jsonl")
+    got = {tuples.ids[t]: (tuples.queries.texts[tuples.query_rows[t]],
+                           [tuples.documents.texts[r] for r in tuples.candidates(t)], tuples.concepts[t])
+           for t in range(len(tuples))}
+    # t2 is in both groups: one tuple, candidates of both groups, both concepts; t3 has no abstract
+    assert got == {"TiO2#0": ("t1", ["abstract two"], ["TiO2"]),
+                   "TiO2#1": ("t2", ["abstract one", "abstract four"], ["TiO2", "ZnO"]),
+                   "ZnO#1": ("t4", ["abstract two"], ["ZnO"])}
+    s = tuples.stats
+    assert (s.concept_lines, s.tuples, s.merged_duplicate_tuples, s.empty_candidates) == (3, 3, 1, 2)
