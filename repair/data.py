@@ -90,8 +90,13 @@ def validate_record(record: Any, where: str, required: dict[str, Any] | None = N
 
 
 def iter_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
-               optional: dict[str, Any] | None = None, skip_blank: bool = True) -> Iterator[dict]:
-    """Yield validated objects from a JSONL file (``.gz`` allowed). Errors name file, line and field."""
+               optional: dict[str, Any] | None = None, skip_blank: bool = True,
+               with_lineno: bool = False) -> Iterator[Any]:
+    """Yield validated objects from a JSONL file (``.gz`` allowed). Errors name file, line and field.
+
+    ``with_lineno=True`` yields ``(line_number, object)`` so callers that check nested fields themselves can
+    name the line too.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
@@ -105,7 +110,8 @@ def iter_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-            yield validate_record(record, f"{path}:{lineno}", required, optional)
+            record = validate_record(record, f"{path}:{lineno}", required, optional)
+            yield (lineno, record) if with_lineno else record
 
 
 def read_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
