@@ -150,17 +150,20 @@ class EmbeddingCache:
         return key in self._index
 
     def get(self, keys: Sequence[bytes]) -> np.ndarray:
-        """Vectors for keys that are all present (float32)."""
+        """Vectors for keys that are all present (float32), gathered shard by shard with fancy indexing."""
+        if len(keys) == 0:
+            return np.empty((0, 0), dtype=np.float32)
+        located = np.array([self._index[k] for k in keys], dtype=np.int64).reshape(-1, 2)
         out = None
-        for i, key in enumerate(keys):
-            shard_id, row = self._index[key]
+        for shard_id in np.unique(located[:, 0]).tolist():
             vecs = self._vectors[shard_id]
             if vecs is None:
                 vecs = self._vectors[shard_id] = np.load(self._shards[shard_id], mmap_mode="r")
             if out is None:
                 out = np.empty((len(keys), vecs.shape[1]), dtype=np.float32)
-            out[i] = vecs[row]
-        return out if out is not None else np.empty((0, 0), dtype=np.float32)
+            positions = np.nonzero(located[:, 0] == shard_id)[0]
+            out[positions] = vecs[np.sort(located[positions, 1])][np.argsort(np.argsort(located[positions, 1]))]
+        return out
 
     def put(self, keys: Sequence[bytes], vectors: np.ndarray) -> None:
         if len(keys) == 0:
@@ -332,8 +335,12 @@ class Retriever:
         for i, key in enumerate(keys):
             unique.setdefault(key, i)
         cache = self.cache if use_cache else None
-        todo = [k for k in unique if cache is None or k not in cache]
         rank, world = dist_info()
+        if cache is not None and world > 1:
+            # every rank must split the same "missing" list: sync and re-read shards written meanwhile
+            torch.distributed.barrier()
+            cache.refresh()
+        todo = [k for k in unique if cache is None or k not in cache]
         if cache is not None and world > 1:
             todo = todo[rank::world]
         vectors: dict[bytes, np.ndarray] = {}
