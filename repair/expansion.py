@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import re
 import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -41,7 +42,7 @@ GENERATED_OPTIONAL = {"concepts": list[str], "round": int, "attributes": dict, "
                       "prompt_id": str, "generator": dict}
 EXPANSION_REQUIRED = {"id": str, "q_model": str, "q_new": str, "d_pos": str, "negative_candidates": list,
                       "source": str}
-DONE_STATUSES = frozenset({"ok", "no_hits", "no_abstract", "duplicate"})
+DONE_STATUSES = frozenset({"ok", "no_hits", "no_abstract", "duplicate", "off_concept"})
 
 
 def status_path_for(out_jsonl: str | Path) -> Path:
@@ -256,19 +257,33 @@ def _meta(p: Paper) -> dict:
     return {"id": p.id, "doi": p.doi, "title": p.title, "year": p.year, "venue": p.venue, "url": p.url}
 
 
+def mentions_concept(paper: Paper, concepts: list[str]) -> bool:
+    """Whether the paper's title or abstract contains one of the concepts as a whole term (case-insensitive)."""
+    text = f"{paper.title} {paper.abstract}".lower()
+    return any(re.search(r"(?<!\w)" + re.escape(c.lower()) + r"(?!\w)", text) for c in concepts if c.strip())
+
+
 def verify_hits(row: dict, hits: list[Paper], target_k: int, source: str,
-                used_positives: set[str] | None = None) -> Verdict:
+                used_positives: set[str] | None = None, require_concept: bool = False) -> Verdict:
     """Apply the paper's verification rule to one generated query's hits (DESIGN 5 step 6).
 
     The top hit that has an abstract is the positive (papers without an abstract cannot be d+); q_new is
     its title. The other hits with a non-empty abstract, in rank order and without copies of the positive,
     are D-_cand (at most ``target_k``). A positive already used by an earlier tuple is a ``duplicate``.
+    ``require_concept`` (not in the paper; a stricter option) takes the top hit with an abstract that also
+    mentions one of the query's concepts, and calls the query ``off_concept`` when no hit does.
     """
     if not hits:
         return Verdict("no_hits", reason="the source returned no paper")
-    pos_rank = next((i for i, h in enumerate(hits) if h.abstract.strip() and h.title.strip()), None)
-    if pos_rank is None:
+    with_abstract = [i for i, h in enumerate(hits) if h.abstract.strip() and h.title.strip()]
+    if not with_abstract:
         return Verdict("no_abstract", reason=f"none of the {len(hits)} hits has an abstract")
+    pos_rank = with_abstract[0]
+    if require_concept:
+        concepts = row.get("concepts") or []
+        pos_rank = next((i for i in with_abstract if mentions_concept(hits[i], concepts)), None)
+        if pos_rank is None:
+            return Verdict("off_concept", reason=f"no hit with an abstract mentions {concepts}")
     pos = hits[pos_rank]
     if used_positives is not None and pos.dedup_key() in used_positives:
         return Verdict("duplicate", reason=f"positive {pos.id} already verified for another query")
@@ -282,6 +297,8 @@ def verify_hits(row: dict, hits: list[Paper], target_k: int, source: str,
     record = {"id": row["id"], "q_model": row["query"], "concepts": row.get("concepts") or [],
               "q_new": pos.title, "d_pos": pos.abstract, "pos_meta": _meta(pos), "pos_rank": pos_rank + 1,
               "n_hits": len(hits), "negative_candidates": negatives, "source": source}
+    if pos.score is not None:
+        record["pos_score"] = round(pos.score, 4)
     return Verdict("ok", record)
 
 
@@ -370,7 +387,7 @@ def run_verification(source: LiteratureSource, generated_jsonl: str | Path, out_
                      target_k: int = 20, search_k: int | None = None, status_path: str | Path | None = None,
                      resume: bool = False, target_valid: int | None = None, workers: int = 1,
                      max_items: int | None = None, item_sleep: float = 0.0, allow_duplicate_positives: bool = False,
-                     progress: bool = True) -> VerificationStats:
+                     require_concept: bool = False, progress: bool = True) -> VerificationStats:
     """Verify every generated query not done yet; append tuples to ``out_jsonl``, statuses beside it.
 
     A query is done once its tuple is in ``out_jsonl`` or its last status is ok / no_hits / no_abstract /
@@ -428,7 +445,7 @@ def run_verification(source: LiteratureSource, generated_jsonl: str | Path, out_
                                    "time": round(time.time(), 3)})
                 continue
             verdict = verify_hits(row, result, target_k, source.name,
-                                  None if allow_duplicate_positives else used)
+                                  None if allow_duplicate_positives else used, require_concept)
             if verdict.record is not None:
                 out.append(verdict.record)  # the tuple first: a kill before the status line loses nothing
                 used.add(Paper(id=verdict.record["pos_meta"]["id"], title=verdict.record["q_new"],

@@ -61,6 +61,9 @@ def build_parser(source: str) -> argparse.ArgumentParser:
                    help="extra pause in seconds after each item, on top of the rate limits (default: %(default)s)")
     p.add_argument("--allow_duplicate_positives", action="store_true",
                    help="keep a tuple whose positive paper was already verified for an earlier query")
+    p.add_argument("--require_concept", action="store_true",
+                   help="stricter than the paper: the positive must mention one of the query's concepts "
+                        "(the top such hit with an abstract); else the query is discarded as off_concept")
     p.add_argument("--tuples_jsonl", default=None,
                    help="--mode concept: also convert the groups into expansion tuples here (each paper with an "
                         "abstract = q_new/d+, the rest of its group = negative candidates)")
@@ -153,7 +156,7 @@ def verification_main(source: str, argv: list[str] | None = None) -> int:
                                      target_valid=args.target_valid, workers=workers, max_items=args.max_items,
                                      item_sleep=args.per_item_sleep,
                                      allow_duplicate_positives=args.allow_duplicate_positives,
-                                     progress=not args.no_progress)
+                                     require_concept=args.require_concept, progress=not args.no_progress)
     except SourceError as exc:  # fatal: bad key / quota; the message names the service, never the key
         logger.error("%s", exc)
         print(json.dumps({"source": source, "mode": args.mode, "out_jsonl": args.out_jsonl, "error": str(exc),

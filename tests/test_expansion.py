@@ -70,6 +70,11 @@ def test_verify_hits_rule():
     assert [n["id"] for n in rec["negative_candidates"]] == ["id2", "id6"]
     assert rec["q_model"] == "q" and rec["concepts"] == ["c"] and rec["source"] == "local_corpus"
     assert verify_hits(row, hits, 2, "x", used_positives={"doi:10.1/a"}).status == "duplicate"
+    # --require_concept: the top hit with an abstract that names a concept ("c" as a whole term)
+    anchored = [P(1, "no concept here"), P(2, "about c-type lectins"), P(3, "about c itself")]
+    assert verify_hits(row, anchored, 2, "x", require_concept=True).record["pos_meta"]["id"] == "id2"
+    assert verify_hits({**row, "concepts": ["lectin"]}, anchored, 2, "x", require_concept=True).status == \
+        "off_concept"
 
 
 # ---------------------------------------------------------------------------------------------- 06 local

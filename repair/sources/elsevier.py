@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 
 from ..text import content_words
 from .base import Paper, as_int, dedup_papers
