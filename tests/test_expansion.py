@@ -149,6 +149,20 @@ def test_failed_items_are_recorded_and_retried_on_resume(tmp_path):
     assert all(r["source"] == "semantic_scholar" for r in read_jsonl(out))
 
 
+def test_timeouts_are_retried_then_recorded_as_failed(tmp_path):
+    gen = tmp_path / "gen.jsonl"
+    gen.write_text("".join(json.dumps(r) + "\n" for r in read_jsonl(GENERATED)[:2]))
+    with FakeServer(s2_route(_s2_papers())) as srv:
+        srv.slow_all = 0.5
+        client = SemanticScholar(srv.url + "/graph/v1", keys=[], rate=None, timeout=0.1, max_retries=1,
+                                 backoff_base=0.01)
+        stats = run_verification(client, gen, tmp_path / "s2.jsonl", progress=False)
+        assert len(srv.requests) == 4  # two items, one retry each
+    status = read_status(tmp_path / "s2.jsonl.status.jsonl")
+    assert stats.counts == {"failed": 2} and all("timed out" in s["reason"] for s in status.values())
+    assert count_valid(tmp_path / "s2.jsonl") == 0
+
+
 def test_fatal_key_error_stops_without_recording_items(tmp_path):
     with FakeServer(s2_route(_s2_papers(), keys={"good"})) as srv:
         client = SemanticScholar(srv.url + "/graph/v1", keys=["bad-key-XYZ"], rate=None)

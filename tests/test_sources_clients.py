@@ -277,6 +277,16 @@ def test_elsevier_empty_result_entry_is_not_a_paper_and_or_fallback():
     assert queries[-2:] == ["TITLE-ABS-KEY(perovskite AND zeolite)", "TITLE-ABS-KEY(perovskite OR zeolite)"]
 
 
+def test_elsevier_pagination_respects_the_complete_view_count():
+    entries = [scopus_entry(i, f"Zeolite catalysis paper {i}", f"Abstract number {i}.") for i in range(80)]
+    with FakeServer(elsevier_route(entries)) as srv:
+        client = ElsevierScopus(srv.url, keys=KEYS[:1], rate=None, view="COMPLETE", insttoken="")
+        papers = client.search("zeolite", 60)
+        pages = [(int(r.query["start"]), int(r.query["count"])) for r in srv.requests]
+    assert pages == [(0, 25), (25, 25), (50, 10)]
+    assert [p.title for p in papers] == [f"Zeolite catalysis paper {i}" for i in range(60)]
+
+
 def test_elsevier_quota_exceeded_rotates_then_is_fatal():
     quota = Reply(429, {"service-error": {"status": {"statusCode": "QUOTA_EXCEEDED"}}},
                   {"X-ELS-Status": "QUOTA_EXCEEDED - Quota Exceeded"})
