@@ -6,9 +6,10 @@ import logging
 import os
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used: scripts that never touch a model (the API
+    import torch  # stages, 06) start in a fraction of a second instead of paying torch's import time
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -23,6 +24,9 @@ def setup_logging(level: str | int = "INFO") -> None:
 
 def set_seed(seed: int) -> None:
     """Seed python, numpy and torch (all devices) so sampling and shuffles repeat."""
+    import numpy as np
+    import torch
+
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
@@ -32,6 +36,8 @@ def set_seed(seed: int) -> None:
 
 def pick_device(device: str | None = None) -> torch.device:
     """`None`/"auto" -> cuda when available, else cpu. Under torchrun, the local rank's GPU."""
+    import torch
+
     if device in (None, "", "auto"):
         if torch.cuda.is_available():
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -41,6 +47,8 @@ def pick_device(device: str | None = None) -> torch.device:
 
 def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 on CUDA; fp32 on CPU, where bf16 matmuls are ~5x slower on AVX2 machines (DESIGN 8)."""
+    import torch
+
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
@@ -52,6 +60,8 @@ def cache_root() -> Path:
 
 def dist_info() -> tuple[int, int]:
     """(rank, world_size) of an initialised torch.distributed group, else (0, 1)."""
+    import torch
+
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1

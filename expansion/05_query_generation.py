@@ -1,0 +1,143 @@
+#!/usr/bin/env python
+"""Stage II, query generation (paper App. A.2.1): per query, sample 1-3 concepts of C_conf, ground them in
+PubChem / the Materials Project (optional; failures are recorded, not fatal), and have the generator write
+one research query that is hard for a retriever. Writes the generated-queries JSONL that 06 verifies.
+
+Example (offline default: SmolLM2-135M-Instruct, the retriever's backbone, as generator):
+  python expansion/05_query_generation.py --concept_txt final_terms.bottom_30pct.txt \\
+      --out_jsonl generated.jsonl --num_queries 64 --seed 42
+Example (any OpenAI-compatible server, e.g. vLLM):
+  OPENAI_BASE_URL=http://127.0.0.1:8000/v1 python expansion/05_query_generation.py --backend openai \\
+      --concept_txt final_terms.bottom_30pct.txt --out_jsonl generated.jsonl --num_queries 1000 --resume
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from repair.expansion import Grounder, generate_queries, generation_summary, read_concepts  # noqa: E402
+from repair.generation import DEFAULT_SAMPLING, make_generator  # noqa: E402
+from repair.runtime import setup_logging  # noqa: E402
+from repair.sources import SourceError, make_cache  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--concept_txt", required=True, help="C_conf: final_terms.bottom_{pp}pct.txt, one concept per line")
+    p.add_argument("--out_jsonl", required=True, help="generated-queries JSONL (appended; see --resume)")
+    p.add_argument("--num_queries", type=int, default=64,
+                   help="total queries to attempt in --out_jsonl, rounded up to whole rounds; raise it and pass "
+                        "--resume to generate more (default: %(default)s)")
+    p.add_argument("--round_size", type=int, default=8,
+                   help="queries per round = one generation batch; keep it fixed for a file (ids r{round}-{j}) "
+                        "(default: %(default)s)")
+    p.add_argument("--resume", action="store_true", help="continue --out_jsonl: finished rounds are skipped")
+    p.add_argument("--seed", type=int, default=42,
+                   help="seed of concept sampling and generation (default: %(default)s)")
+    p.add_argument("--min_concepts", type=int, default=1, help="concepts per query, at least (default: %(default)s)")
+    p.add_argument("--max_concepts", type=int, default=3, help="concepts per query, at most (default: %(default)s)")
+    p.add_argument("--prompt", choices=["paper", "original"], default="paper",
+                   help="paper: App. A.2.1 prompt over 1-3 grounded concepts; original: the original code's "
+                        "three-shot single-term prompt (default: %(default)s)")
+    p.add_argument("--grounding", choices=["none", "pubchem", "mp", "both"], default="none",
+                   help="ground concepts in PubChem and/or the Materials Project (needs network; MP needs "
+                        "$MP_API_KEY) (default: %(default)s)")
+    p.add_argument("--pubchem_url", default=None,
+                   help="PubChem PUG REST base URL (default: $PUBCHEM_API_URL or the public one)")
+    p.add_argument("--mp_url", default=None, help="Materials Project base URL (default: $MP_API_URL or public)")
+    p.add_argument("--mp_key_file", default=None, help="Materials Project keys, one per line (default: $MP_API_KEY)")
+    p.add_argument("--cache_dir", default=None,
+                   help="response cache of the grounding APIs (default: $REPAIR_CACHE/http; 'none' disables it)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per grounding request (default: %(default)s)")
+    g = p.add_argument_group("generator")
+    g.add_argument("--backend", choices=["hf", "openai"], default="hf",
+                   help="hf: local causal LM via transformers; openai: an OpenAI-compatible chat endpoint "
+                        "(default: %(default)s)")
+    g.add_argument("--model", default=None,
+                   help="hf: HF id, folder or alias (default: smollm2-135m, the retriever backbone); openai: the "
+                        "served model name (default: $OPENAI_MODEL, else the first model the server lists)")
+    g.add_argument("--adapter", default=None, help="hf: the retriever's LoRA adapter, merged into the generator")
+    g.add_argument("--device", default=None, help="hf: cpu | cuda | cuda:N (default: cuda when available)")
+    g.add_argument("--dtype", default=None,
+                   help="hf: float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)")
+    g.add_argument("--batch_size", type=int, default=None, help="hf: prompts per forward (default: --round_size)")
+    g.add_argument("--chat_template", choices=["auto", "on", "off"], default="auto",
+                   help="hf: wrap prompts in the tokenizer's chat template (auto: when it has one)")
+    g.add_argument("--trust_remote_code", action="store_true", help="hf: allow model code from the model folder")
+    g.add_argument("--openai_url", default=None,
+                   help="openai: base URL incl. /v1 (default: $OPENAI_BASE_URL or http://127.0.0.1:8000/v1); "
+                        "the key is read from $OPENAI_API_KEY")
+    g.add_argument("--openai_no_repetition_penalty", action="store_true",
+                   help="openai: do not send repetition_penalty (the official API rejects it; vLLM accepts it)")
+    g.add_argument("--openai_extra", default=None, help="openai: JSON object merged into every request body")
+    g.add_argument("--concurrency", type=int, default=4, help="openai: parallel requests (default: %(default)s)")
+    s = p.add_argument_group("sampling (defaults of the original 05)")
+    s.add_argument("--temperature", type=float, default=DEFAULT_SAMPLING["temperature"], help="(default: %(default)s)")
+    s.add_argument("--top_p", type=float, default=DEFAULT_SAMPLING["top_p"], help="(default: %(default)s)")
+    s.add_argument("--repetition_penalty", type=float, default=DEFAULT_SAMPLING["repetition_penalty"],
+                   help="(default: %(default)s)")
+    s.add_argument("--max_new_tokens", type=int, default=DEFAULT_SAMPLING["max_new_tokens"],
+                   help="(default: %(default)s)")
+    p.add_argument("--log_level", default="INFO", help="logging level (default: %(default)s)")
+    p.add_argument("--no_progress", action="store_true", help="hide the progress bar")
+    return p.parse_args(argv)
+
+
+def build_grounder(args: argparse.Namespace) -> Grounder:
+    if args.grounding == "none":
+        return Grounder()
+    cache = make_cache(args.cache_dir)
+    pubchem = mp = None
+    if args.grounding in ("pubchem", "both"):
+        from repair.sources.pubchem import PubChem
+
+        pubchem = PubChem(args.pubchem_url, cache=cache, timeout=args.timeout)
+    if args.grounding in ("mp", "both"):
+        from repair.sources.materials_project import MaterialsProject
+
+        mp = MaterialsProject(args.mp_url, key_file=args.mp_key_file, cache=cache, timeout=args.timeout)
+    return Grounder(pubchem, mp)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    setup_logging(args.log_level)
+    concepts = read_concepts(args.concept_txt)
+    try:
+        grounder = build_grounder(args)
+    except SourceError as exc:
+        raise SystemExit(f"05: grounding unavailable: {exc}") from None
+    if args.backend == "hf":
+        generator = make_generator("hf", model=args.model or "smollm2-135m", adapter=args.adapter, device=args.device,
+                                   dtype=args.dtype, batch_size=args.batch_size or args.round_size,
+                                   chat_template=args.chat_template, trust_remote_code=args.trust_remote_code)
+    else:
+        generator = make_generator("openai", base_url=args.openai_url, model=args.model,
+                                   concurrency=args.concurrency,
+                                   send_repetition_penalty=not args.openai_no_repetition_penalty,
+                                   extra_body=json.loads(args.openai_extra) if args.openai_extra else None)
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "repetition_penalty": args.repetition_penalty,
+                "max_new_tokens": args.max_new_tokens}
+    stats = generate_queries(concepts, generator, args.out_jsonl, num_queries=args.num_queries,
+                             round_size=args.round_size, seed=args.seed, grounder=grounder, template=args.prompt,
+                             min_concepts=args.min_concepts, max_concepts=args.max_concepts, sampling=sampling,
+                             resume=args.resume, progress=not args.no_progress)
+    summary = {"out_jsonl": args.out_jsonl, "concepts": len(concepts), "generator": generator.describe(),
+               "this_run": stats.as_dict(), "grounding": dict(grounder.counts),
+               "file_totals": generation_summary(args.out_jsonl)}
+    totals = summary["file_totals"]
+    print(f"  rounds {totals['rounds']}  generated {totals['generated']}  accepted {totals['accepted']}  "
+          f"rejected {totals['rejected']}", file=sys.stderr)
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

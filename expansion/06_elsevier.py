@@ -1,0 +1,21 @@
+#!/usr/bin/env python
+"""Verify generated queries through Elsevier Scopus Search (COMPLETE view when entitled, else STANDARD +
+Abstract Retrieval); --mode concept searches concept strings as the original did.
+
+Example: ELSEVIER_API_KEY=... python expansion/06_elsevier.py --generated_jsonl generated.jsonl \\
+      --out_jsonl expansion.elsevier.jsonl --target_k 15 --resume
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from repair.expansion_cli import verification_main  # noqa: E402
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(verification_main("elsevier"))

@@ -1,0 +1,21 @@
+#!/usr/bin/env python
+"""Verify generated queries against a local corpus with BM25 (no key, no network): the default source.
+
+Example: python expansion/06_local_corpus.py --corpus ../shared/data/scifact --generated_jsonl generated.jsonl \\
+      --out_jsonl expansion.jsonl --target_k 20 --resume
+Count valid tuples (for the 2 x |T0| loop): python expansion/06_local_corpus.py --out_jsonl expansion.jsonl --count_only
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from repair.expansion_cli import verification_main  # noqa: E402
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(verification_main("local_corpus"))

@@ -1,0 +1,24 @@
+#!/usr/bin/env python
+"""Verify generated queries through the Semantic Scholar Graph API (or, with --mode concept, search concept
+strings as the original did).
+
+Example (the README command, original behaviour):
+  python expansion/06_semantic_scholar.py --mode concept --concept_txt final_terms.bottom_30pct.txt \\
+      --key_file semantic_api_keys.txt --out_jsonl expansion.jsonl --target_k 20 --resume
+Example (the paper):
+  python expansion/06_semantic_scholar.py --generated_jsonl generated.jsonl --out_jsonl expansion.jsonl --resume
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from repair.expansion_cli import verification_main  # noqa: E402
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(verification_main("semantic_scholar"))

@@ -1,0 +1,549 @@
+"""Stage II, Expansion (DESIGN 5 steps 5-6): grounded query generation and verification in a literature source.
+
+05 (:func:`generate_queries`): each query samples 1-3 concepts of C_conf, grounds them in PubChem /
+Materials Project (failures recorded, not fatal), prompts the generator with the paper's prompt and keeps
+the cleaned query. Queries come in rounds of ``round_size``; round ``r`` is fully determined by
+``(seed, r)``, so ids ``r{r}-{j}`` are stable across resumes and invocations.
+
+06 (:func:`run_verification`): each generated query is searched in a literature source. No hits: discarded.
+Otherwise the best hit with an abstract gives q_new (its title) and d+ (its abstract), the other hits with an
+abstract (up to ``target_k``) are D-_cand. One complete output line per verified query, a status line per
+processed query (``ok | no_hits | no_abstract | duplicate | failed``); ``--resume`` skips everything but
+``failed``. The driver repeats 05 -> 06 until :func:`count_valid` reaches 2 x |T0| (docs/expansion.md).
+
+``--mode concept`` (:func:`run_concept_mode`) keeps the original behaviour: every concept string is searched
+and all its hits are written as one group line ``{concept, got_k, papers}``; :func:`concept_groups_to_tuples`
+turns such a file into expansion tuples (each paper with an abstract becomes a q_new/d+ pair, the rest of its
+group its negative candidates, as the original's steps 7-9 used them).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import re
+import time
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .data import DataError, JsonlAppender, iter_jsonl, read_lines, write_jsonl
+from .generation import DEFAULT_SAMPLING, PROMPT_IDS, build_prompt, clean_query
+from .sources.base import LiteratureSource, Paper
+from .sources.http import SourceError
+
+logger = logging.getLogger(__name__)
+
+GENERATED_REQUIRED = {"id": str, "query": str}
+GENERATED_OPTIONAL = {"concepts": list[str], "round": int, "attributes": dict, "grounding_errors": dict,
+                      "prompt_id": str, "generator": dict}
+EXPANSION_REQUIRED = {"id": str, "q_model": str, "q_new": str, "d_pos": str, "negative_candidates": list,
+                      "source": str}
+DONE_STATUSES = frozenset({"ok", "no_hits", "no_abstract", "duplicate", "off_concept"})
+
+
+def status_path_for(out_jsonl: str | Path) -> Path:
+    """``<out>.status.jsonl``: one line per processed item (the last line of an id wins)."""
+    return Path(str(out_jsonl) + ".status.jsonl")
+
+
+def rounds_path_for(out_jsonl: str | Path) -> Path:
+    """``<out>.rounds.jsonl``: one line per finished 05 round, with its rejected completions."""
+    return Path(str(out_jsonl) + ".rounds.jsonl")
+
+
+def read_concepts(path: str | Path) -> list[str]:
+    """C_conf from ``final_terms.bottom_{pp}pct.txt``: ``#`` lines skipped, case-insensitive de-dup, order kept."""
+    seen: set[str] = set()
+    out = []
+    for term in read_lines(path):
+        if term.lower() not in seen:
+            seen.add(term.lower())
+            out.append(term)
+    if not out:
+        raise DataError(f"{path}: holds no concept (one concept per line)")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- grounding
+class Grounder:
+    """Attributes of a concept from PubChem and/or the Materials Project, memoised.
+
+    A concept PubChem does not know, or that is no formula for MP, is recorded as a grounding error and
+    the query is still generated (DESIGN 5 step 5). A fatal error (bad key) turns that source off for the
+    rest of the run, with one warning.
+    """
+
+    def __init__(self, pubchem: Any = None, materials_project: Any = None):
+        self.pubchem, self.mp = pubchem, materials_project
+        self._memo: dict[str, tuple[dict, str | None]] = {}
+        self.counts: Counter = Counter()
+
+    @property
+    def enabled(self) -> bool:
+        return self.pubchem is not None or self.mp is not None
+
+    def _call(self, which: str, fn: Callable[[str], dict | None], arg: str) -> tuple[dict | None, str | None]:
+        try:
+            return fn(arg), None
+        except SourceError as exc:
+            if exc.fatal:
+                logger.warning("grounding: %s turned off for this run: %s", which, exc)
+                setattr(self, "pubchem" if which == "pubchem" else "mp", None)
+            return None, str(exc)
+
+    def ground(self, concept: str) -> tuple[dict, str | None]:
+        """({"pubchem": {...}, "materials_project": {...}} with the sources that found it, error text or None)."""
+        if concept in self._memo:
+            return self._memo[concept]
+        from .sources.materials_project import looks_like_formula
+
+        attrs: dict[str, dict] = {}
+        errors: list[str] = []
+        if self.pubchem is not None:
+            found, err = self._call("pubchem", self.pubchem.ground, concept)
+            if found:
+                attrs["pubchem"] = found
+            else:
+                errors.append(err or f"pubchem: no compound named {concept!r}")
+        if self.mp is not None:
+            formula = concept if looks_like_formula(concept) else (attrs.get("pubchem") or {}).get("formula")
+            if not formula:
+                errors.append(f"materials_project: {concept!r} is not a chemical formula")
+            else:
+                found, err = self._call("materials_project", self.mp.ground, formula)
+                if found:
+                    attrs["materials_project"] = found
+                else:
+                    errors.append(err or f"materials_project: no material with formula {formula!r}")
+        self.counts["grounded" if attrs else "ungrounded"] += 1
+        result = (attrs, "; ".join(errors) or None)  # a partial failure stays visible beside what was found
+        self._memo[concept] = result
+        return result
+
+
+# ---------------------------------------------------------------------------------------------- 05
+def sample_concepts(concepts: list[str], rng: random.Random, min_k: int = 1, max_k: int = 3) -> list[str]:
+    """1-3 distinct concepts of C_conf (the paper's sampling), fewer when C_conf is smaller."""
+    k = rng.randint(min_k, max(min_k, max_k))
+    return rng.sample(concepts, min(k, len(concepts)))
+
+
+@dataclass
+class GenerationStats:
+    rounds_done: int = 0
+    rounds_skipped: int = 0
+    generated: int = 0
+    accepted: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    total_accepted_in_file: int = 0
+
+    def as_dict(self) -> dict:
+        return {"rounds_done": self.rounds_done, "rounds_skipped": self.rounds_skipped,
+                "generated": self.generated, "accepted": self.accepted, "rejected": dict(self.rejected),
+                "total_accepted_in_file": self.total_accepted_in_file}
+
+
+def _existing_ids(path: Path, required: dict) -> set[str]:
+    if not path.exists():
+        return set()
+    JsonlAppender(path).close()  # cut a partial last line left by a killed run before reading
+    return {rec["id"] for rec in iter_jsonl(path, required=required)}
+
+
+def _existing_rounds(path: Path, settings: dict) -> set[int]:
+    """Finished rounds of a 05 file; a file made with another seed / round size / prompt cannot be resumed
+    (its ids would mean different queries)."""
+    if not path.exists():
+        return set()
+    JsonlAppender(path).close()
+    done = set()
+    for lineno, rec in enumerate(iter_jsonl(path, required={"round": int}), start=1):
+        for name, value in settings.items():
+            if name in rec and rec[name] != value:
+                raise ValueError(f"{path}:{lineno}: this file was generated with {name}={rec[name]!r}, not "
+                                 f"{value!r}; resume with the same settings or start a new --out_jsonl")
+        done.add(rec["round"])
+    return done
+
+
+def generate_queries(concepts: list[str], generator: Any, out_jsonl: str | Path, *, num_queries: int,
+                     round_size: int = 8, seed: int = 42, grounder: Grounder | None = None,
+                     template: str = "paper", min_concepts: int = 1, max_concepts: int = 3,
+                     sampling: dict | None = None, resume: bool = False, progress: bool = True) -> GenerationStats:
+    """Write generated queries (SCHEMAS "generated queries JSONL") until ``num_queries`` (rounded up to whole
+    rounds) have been attempted in ``out_jsonl``; with ``resume`` finished rounds are skipped."""
+    from tqdm import tqdm
+
+    out_jsonl = Path(out_jsonl)
+    rounds_file = rounds_path_for(out_jsonl)
+    if not resume and ((out_jsonl.exists() and out_jsonl.stat().st_size) or rounds_file.exists()):
+        raise FileExistsError(f"{out_jsonl} already exists; pass --resume to continue it, or choose a new path")
+    sampling = {**DEFAULT_SAMPLING, **(sampling or {})}
+    grounder = grounder or Grounder()
+    if template == "original":
+        min_concepts = max_concepts = 1
+    existing = _existing_ids(out_jsonl, GENERATED_REQUIRED)
+    settings = {"seed": seed, "round_size": round_size, "prompt_id": PROMPT_IDS[template]}
+    done_rounds = _existing_rounds(rounds_file, settings)
+    n_rounds = math.ceil(num_queries / round_size)
+    stats = GenerationStats()
+    info = generator.describe() if hasattr(generator, "describe") else {"backend": "custom"}
+    describe = {k: info[k] for k in ("backend", "model", "adapter") if info.get(k) is not None}
+    with JsonlAppender(out_jsonl) as out, JsonlAppender(rounds_file) as rounds_log:
+        for r in tqdm(range(n_rounds), desc="05 query generation", unit="round", disable=not progress):
+            if r in done_rounds:
+                stats.rounds_skipped += 1
+                continue
+            rng = random.Random(f"{seed}:{r}")  # round r depends on (seed, r) only: stable ids on resume
+            picks = [sample_concepts(concepts, rng, min_concepts, max_concepts) for _ in range(round_size)]
+            attributes, errors = {}, {}
+            for concept in {c for pick in picks for c in pick}:
+                attributes[concept], errors[concept] = grounder.ground(concept) if grounder.enabled else ({}, None)
+            prompts = [build_prompt(pick, attributes, template) for pick in picks]
+            raws = generator.generate(prompts, n=1, seed=seed * 100_003 + r, **sampling)
+            rejected = []
+            accepted = 0
+            for j, (pick, prompt, raw) in enumerate(zip(picks, prompts, raws)):
+                qid = f"r{r}-{j}"
+                query, reason = clean_query(raw, prompt)
+                stats.generated += 1
+                if query is None:
+                    stats.rejected[reason] += 1
+                    rejected.append({"id": qid, "reason": reason, "raw": raw})
+                    continue
+                accepted += 1
+                stats.accepted += 1
+                if qid in existing:
+                    continue
+                out.append({"id": qid, "round": r, "concepts": pick,
+                            "attributes": {c: attributes[c] for c in pick if attributes.get(c)},
+                            "grounding_errors": {c: errors[c] for c in pick if errors.get(c)},
+                            "prompt_id": PROMPT_IDS[template], "query": query,
+                            "generator": {**describe, "seed": seed}})
+            rounds_log.append({"round": r, **settings, "generated": len(raws), "accepted": accepted,
+                               "rejected": rejected})
+            stats.rounds_done += 1
+    stats.total_accepted_in_file = len(_existing_ids(out_jsonl, GENERATED_REQUIRED))
+    return stats
+
+
+def generation_summary(out_jsonl: str | Path) -> dict:
+    """Totals over every finished round of a generated-queries file (all invocations)."""
+    rounds_file = rounds_path_for(out_jsonl)
+    totals = {"rounds": 0, "generated": 0, "accepted": 0, "rejected": Counter()}
+    if rounds_file.exists():
+        for rec in iter_jsonl(rounds_file, required={"round": int, "generated": int, "accepted": int}):
+            totals["rounds"] += 1
+            totals["generated"] += rec["generated"]
+            totals["accepted"] += rec["accepted"]
+            totals["rejected"].update(r["reason"] for r in rec.get("rejected", []))
+    totals["rejected"] = dict(totals["rejected"])
+    return totals
+
+
+# ---------------------------------------------------------------------------------------------- 06
+@dataclass
+class Verdict:
+    status: str  # ok | no_hits | no_abstract | duplicate
+    record: dict | None = None
+    reason: str = ""
+
+
+def _meta(p: Paper) -> dict:
+    return {"id": p.id, "doi": p.doi, "title": p.title, "year": p.year, "venue": p.venue, "url": p.url}
+
+
+def mentions_concept(paper: Paper, concepts: list[str]) -> bool:
+    """Whether the paper's title or abstract contains one of the concepts as a whole term (case-insensitive)."""
+    text = f"{paper.title} {paper.abstract}".lower()
+    return any(re.search(r"(?<!\w)" + re.escape(c.lower()) + r"(?!\w)", text) for c in concepts if c.strip())
+
+
+def verify_hits(row: dict, hits: list[Paper], target_k: int, source: str,
+                used_positives: set[str] | None = None, require_concept: bool = False) -> Verdict:
+    """Apply the paper's verification rule to one generated query's hits (DESIGN 5 step 6).
+
+    The top hit that has an abstract is the positive (papers without an abstract cannot be d+); q_new is
+    its title. The other hits with a non-empty abstract, in rank order and without copies of the positive,
+    are D-_cand (at most ``target_k``). A positive already used by an earlier tuple is a ``duplicate``.
+    ``require_concept`` (not in the paper; a stricter option) takes the top hit with an abstract that also
+    mentions one of the query's concepts, and calls the query ``off_concept`` when no hit does.
+    """
+    if not hits:
+        return Verdict("no_hits", reason="the source returned no paper")
+    with_abstract = [i for i, h in enumerate(hits) if h.abstract.strip() and h.title.strip()]
+    if not with_abstract:
+        return Verdict("no_abstract", reason=f"none of the {len(hits)} hits has an abstract")
+    pos_rank = with_abstract[0]
+    if require_concept:
+        concepts = row.get("concepts") or []
+        pos_rank = next((i for i in with_abstract if mentions_concept(hits[i], concepts)), None)
+        if pos_rank is None:
+            return Verdict("off_concept", reason=f"no hit with an abstract mentions {concepts}")
+    pos = hits[pos_rank]
+    if used_positives is not None and pos.dedup_key() in used_positives:
+        return Verdict("duplicate", reason=f"positive {pos.id} already verified for another query")
+    negatives = []
+    for i, h in enumerate(hits):
+        if i == pos_rank or not h.abstract.strip() or h.dedup_key() == pos.dedup_key() or h.abstract == pos.abstract:
+            continue
+        negatives.append({"id": h.id, "doi": h.doi, "title": h.title, "abstract": h.abstract})
+        if len(negatives) >= target_k:
+            break
+    record = {"id": row["id"], "q_model": row["query"], "concepts": row.get("concepts") or [],
+              "q_new": pos.title, "d_pos": pos.abstract, "pos_meta": _meta(pos), "pos_rank": pos_rank + 1,
+              "n_hits": len(hits), "negative_candidates": negatives, "source": source}
+    if pos.score is not None:
+        record["pos_score"] = round(pos.score, 4)
+    return Verdict("ok", record)
+
+
+def count_valid(out_jsonl: str | Path) -> int:
+    """Valid (verified) tuples in an expansion JSONL: what the driver compares with 2 x |T0|.
+
+    For a ``--mode concept`` file it counts the concept lines that found at least one paper.
+    """
+    path = Path(out_jsonl)
+    if not path.exists():
+        return 0
+    JsonlAppender(path).close()
+    ids: set[str] = set()
+    groups = 0
+    for rec in iter_jsonl(path):
+        if "id" in rec:
+            ids.add(str(rec["id"]))
+        elif rec.get("got_k"):
+            groups += 1
+    return len(ids) + groups
+
+
+def read_status(status_path: str | Path) -> dict[str, dict]:
+    """Last status line per id."""
+    path = Path(status_path)
+    if not path.exists():
+        return {}
+    JsonlAppender(path).close()
+    return {rec["id"]: rec for rec in iter_jsonl(path, required={"id": str, "status": str})}
+
+
+@dataclass
+class VerificationStats:
+    counts: Counter = field(default_factory=Counter)
+    skipped_done: int = 0
+    valid_before: int = 0
+    valid_total: int = 0
+    stopped: str = ""
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"processed": dict(self.counts), "skipped_done": self.skipped_done,
+                "valid_before": self.valid_before, "valid_total": self.valid_total, "stopped": self.stopped,
+                "seconds": round(self.seconds, 2)}
+
+
+def _run_items(items: list[Any], work: Callable[[Any], Any], workers: int) -> Iterable[tuple[Any, Any]]:
+    """Yield (item, result-or-exception) as they finish; at most ``2 * workers`` in flight."""
+    if workers <= 1:
+        for item in items:
+            try:
+                yield item, work(item)
+            except Exception as exc:  # noqa: BLE001 - handed to the caller, who decides
+                yield item, exc
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: dict = {}
+        it = iter(items)
+        try:
+            while True:
+                while len(pending) < 2 * workers:
+                    item = next(it, None)
+                    if item is None:
+                        break
+                    pending[pool.submit(work, item)] = item
+                if not pending:
+                    return
+                done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    item = pending.pop(fut)
+                    exc = fut.exception()
+                    yield item, exc if exc is not None else fut.result()
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+
+def _open_outputs(out_jsonl: Path, status_path: Path, resume: bool) -> None:
+    if not resume and ((out_jsonl.exists() and out_jsonl.stat().st_size) or
+                       (status_path.exists() and status_path.stat().st_size)):
+        raise FileExistsError(f"{out_jsonl} (or its status file) already exists; pass --resume to continue, "
+                              "or choose a new --out_jsonl")
+
+
+def run_verification(source: LiteratureSource, generated_jsonl: str | Path, out_jsonl: str | Path, *,
+                     target_k: int = 20, search_k: int | None = None, status_path: str | Path | None = None,
+                     resume: bool = False, target_valid: int | None = None, workers: int = 1,
+                     max_items: int | None = None, item_sleep: float = 0.0, allow_duplicate_positives: bool = False,
+                     require_concept: bool = False, progress: bool = True) -> VerificationStats:
+    """Verify every generated query not done yet; append tuples to ``out_jsonl``, statuses beside it.
+
+    A query is done once its tuple is in ``out_jsonl`` or its last status is ok / no_hits / no_abstract /
+    duplicate; ``failed`` ones (network, 5xx after retries, timeouts) are retried by the next ``--resume``.
+    A fatal :class:`SourceError` (rejected key, exhausted quota) stops the run after recording nothing for
+    the item, and is raised. Stops early when ``target_valid`` tuples exist.
+    """
+    from tqdm import tqdm
+
+    out_jsonl = Path(out_jsonl)
+    status_path = Path(status_path) if status_path else status_path_for(out_jsonl)
+    _open_outputs(out_jsonl, status_path, resume)
+    rows = list(iter_jsonl(generated_jsonl, required=GENERATED_REQUIRED, optional=GENERATED_OPTIONAL))
+    statuses = read_status(status_path)
+    used: set[str] = set()
+    done: set[str] = set()
+    if out_jsonl.exists():
+        JsonlAppender(out_jsonl).close()
+        for rec in iter_jsonl(out_jsonl, required=EXPANSION_REQUIRED):
+            done.add(rec["id"])
+            meta = rec.get("pos_meta") or {}
+            used.add(Paper(id=meta.get("id", ""), title=rec["q_new"], doi=meta.get("doi")).dedup_key())
+    done |= {i for i, s in statuses.items() if s["status"] in DONE_STATUSES}
+    stats = VerificationStats(valid_before=count_valid(out_jsonl))
+    todo = [r for r in rows if r["id"] not in done]
+    stats.skipped_done = len(rows) - len(todo)
+    if max_items is not None:
+        todo = todo[:max_items]
+    valid = stats.valid_before
+    if target_valid is not None and valid >= target_valid:
+        stats.valid_total, stats.stopped = valid, "target_valid reached before start"
+        return stats
+    k = search_k or target_k + 1
+    t0 = time.time()
+
+    def search(row: dict) -> list[Paper]:
+        hits = source.search(row["query"], k)
+        if item_sleep:
+            time.sleep(item_sleep)
+        return hits
+
+    fatal: SourceError | None = None
+    with JsonlAppender(out_jsonl) as out, JsonlAppender(status_path) as status_log:
+        bar = tqdm(total=len(todo), desc=f"06 verify ({source.name})", unit="query", disable=not progress)
+        for row, result in _run_items(todo, search, workers):
+            bar.update(1)
+            if isinstance(result, SourceError) and result.fatal:
+                fatal = result
+                break
+            if isinstance(result, Exception):
+                if not isinstance(result, SourceError):
+                    logger.exception("unexpected error on %s", row["id"], exc_info=result)
+                stats.counts["failed"] += 1
+                status_log.append({"id": row["id"], "status": "failed", "reason": str(result)[:500],
+                                   "time": round(time.time(), 3)})
+                continue
+            verdict = verify_hits(row, result, target_k, source.name,
+                                  None if allow_duplicate_positives else used, require_concept)
+            if verdict.record is not None:
+                out.append(verdict.record)  # the tuple first: a kill before the status line loses nothing
+                used.add(Paper(id=verdict.record["pos_meta"]["id"], title=verdict.record["q_new"],
+                               doi=verdict.record["pos_meta"]["doi"]).dedup_key())
+                valid += 1
+            stats.counts[verdict.status] += 1
+            status_log.append({"id": row["id"], "status": verdict.status, "reason": verdict.reason,
+                               "n_hits": len(result), "time": round(time.time(), 3)})
+            if target_valid is not None and valid >= target_valid:
+                stats.stopped = f"target_valid={target_valid} reached"
+                break
+        bar.close()
+    stats.valid_total = valid
+    stats.seconds = time.time() - t0
+    if fatal is not None:
+        stats.stopped = f"fatal: {fatal}"
+        raise fatal
+    return stats
+
+
+# ---------------------------------------------------------------------------------------------- concept mode
+def _paper_line(p: Paper) -> dict:
+    return {"pid": p.id, "doi": p.doi, "title": p.title, "abstract": p.abstract, "year": p.year, "venue": p.venue,
+            "url": p.url, "source": p.source}
+
+
+def run_concept_mode(source: LiteratureSource, concepts: list[str], out_jsonl: str | Path, *, target_k: int = 20,
+                     status_path: str | Path | None = None, resume: bool = False, workers: int = 1,
+                     item_sleep: float = 0.0, progress: bool = True) -> VerificationStats:
+    """The original 06: search each concept string, write ``{concept, got_k, papers, elapsed_sec}`` per concept.
+
+    Up to ``2 * target_k`` hits are asked, sorted abstract-first, then cut to ``target_k`` (the original asked
+    up to 1000 and did the same, UPSTREAM 2.7). Unlike the
+    original, a failed request is not written as ``got_k: 0``: it goes to the status file and is retried on
+    ``--resume``.
+    """
+    from tqdm import tqdm
+
+    out_jsonl = Path(out_jsonl)
+    status_path = Path(status_path) if status_path else status_path_for(out_jsonl)
+    _open_outputs(out_jsonl, status_path, resume)
+    done = set()
+    if out_jsonl.exists():
+        JsonlAppender(out_jsonl).close()
+        done = {rec["concept"].lower() for rec in iter_jsonl(out_jsonl, required={"concept": str})}
+    todo = [c for c in concepts if c.lower() not in done]
+    stats = VerificationStats(valid_before=len(done), skipped_done=len(concepts) - len(todo))
+
+    def search(concept: str) -> tuple[list[Paper], float]:
+        start = time.time()
+        hits = source.search(concept, 2 * target_k)  # spare hits, so abstract-less ones can be pushed out
+        if item_sleep:
+            time.sleep(item_sleep)
+        return hits, time.time() - start
+
+    t0 = time.time()
+    fatal = None
+    with JsonlAppender(out_jsonl) as out, JsonlAppender(status_path) as status_log:
+        bar = tqdm(total=len(todo), desc=f"06 concepts ({source.name})", unit="concept", disable=not progress)
+        for concept, result in _run_items(todo, search, workers):
+            bar.update(1)
+            if isinstance(result, SourceError) and result.fatal:
+                fatal = result
+                break
+            if isinstance(result, Exception):
+                stats.counts["failed"] += 1
+                status_log.append({"id": concept, "status": "failed", "reason": str(result)[:500]})
+                continue
+            hits, elapsed = result
+            papers = sorted(hits, key=lambda p: 0 if p.abstract else 1)[:target_k]
+            out.append({"concept": concept, "got_k": len(papers), "papers": [_paper_line(p) for p in papers],
+                        "elapsed_sec": round(elapsed, 3)})
+            status = "ok" if papers else "no_hits"
+            stats.counts[status] += 1
+            status_log.append({"id": concept, "status": status, "n_hits": len(papers)})
+        bar.close()
+    stats.valid_total = len(done) + stats.counts["ok"]
+    stats.seconds = time.time() - t0
+    if fatal is not None:
+        raise fatal
+    return stats
+
+
+def concept_groups_to_tuples(concept_jsonl: str | Path, out_jsonl: str | Path, target_k: int = 20) -> int:
+    """Convert a ``--mode concept`` file into expansion tuples, as the original's steps 7-9 used the groups:
+    every paper with a title and an abstract is a (q_new = title, d+ = abstract) pair, the other papers of
+    its concept group are its negative candidates. Ids are ``c{line}-{j}``. Returns the number written."""
+    rows = []
+    for lineno, rec in enumerate(iter_jsonl(concept_jsonl, required={"concept": str, "papers": list}), start=1):
+        papers = [p for p in rec["papers"] if isinstance(p, dict) and (p.get("title") or "").strip()
+                  and (p.get("abstract") or "").strip()]
+        for j, p in enumerate(papers):
+            negatives = [{"id": str(o.get("pid") or ""), "doi": o.get("doi"), "title": o["title"],
+                          "abstract": o["abstract"]}
+                         for o in papers if o is not p and o["abstract"] != p["abstract"]][:target_k]
+            rows.append({"id": f"c{lineno}-{j}", "q_model": rec["concept"], "concepts": [rec["concept"]],
+                         "q_new": p["title"].strip(), "d_pos": p["abstract"].strip(),
+                         "pos_meta": {"id": str(p.get("pid") or ""), "doi": p.get("doi"), "title": p["title"],
+                                      "year": p.get("year"), "venue": p.get("venue"), "url": p.get("url")},
+                         "negative_candidates": negatives, "source": p.get("source") or "unknown"})
+    return write_jsonl(out_jsonl, rows)
