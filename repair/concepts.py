@@ -38,11 +38,15 @@ MOLECULAR_ELEMENTS = frozenset("H N O F Cl Br I P C".split())
 STOPWORDS = frozenset(
     "the a an and or of in on for with to from by as at is are was were be been this that these those we our "
     "their they it its study method results data analysis using used based paper model et al vs fig figs table "
-    "eq eqs ref refs ok".split())
+    "eq eqs ref refs ok "
+    # section headings of structured abstracts, often in capitals
+    "background objective objectives aim aims purpose introduction methods methodology design setting "
+    "participants interventions measurements findings conclusion conclusions importance context".split())
 GENERIC_HYPHENATED = frozenset(
     "so-called well-known state-of-the-art up-to-date follow-up long-term short-term real-time large-scale "
     "small-scale high-quality low-cost one-step two-step cost-effective time-consuming well-defined "
     "non-invasive in-depth".split())
+GENERIC_HYPHEN_PREFIXES = frozenset("non self well so ill ever all".split())
 NUMERIC_PREFIX_NOUNS = frozenset("fold year years day days week weeks month months hour hours minute minutes "
                                  "step steps times".split())
 ROMAN = re.compile(r"^(?=[IVXLC]+$)C{0,3}(XC|XL|L?X{0,3})(IX|IV|V?I{0,3})$")
@@ -60,7 +64,10 @@ HYPHENATED_RE = re.compile(r"^[A-Za-z0-9]+(?:-[A-Za-z0-9]+)+$")
 PAREN_NAME_RE = re.compile(
     r"(?<![\w(\[\-])([A-Za-z][A-Za-z0-9\-]+\([A-Za-z0-9,+\-]+(?: [A-Za-z0-9,+\-]+){0,3}\)[A-Za-z0-9\-]*)")
 URL_RE = re.compile(r"(?:https?\s*:\s*//\S+|\bdoi\s*:\s*\S+|\b10\.\d{4,9}/\S+)", re.IGNORECASE)
-TOKEN_SPLIT_RE = re.compile(r"[\s/–—]+")
+# section headings of structured abstracts: capitals + colon at the start of the text or of a sentence
+# ("RESULTS:"), or two or more words of 4+ capitals in a row ("MAIN OUTCOME MEASURES", "DATA SOURCES")
+HEADING_RE = re.compile(r"(?:^|[.!?;]\s+)([A-Z]{2,}(?:[ \t]+[A-Z]{2,})*)[ \t]*:", re.MULTILINE)
+CAPS_RUN_RE = re.compile(r"\b([A-Z]{4,}(?:[ \t]+[A-Z]{4,})+)\b")
 LEAD_PUNCT = "\"'“‘<[{(«"
 TRAIL_PUNCT = ".,;:!?\"'”’>]})»"
 
@@ -119,14 +126,15 @@ def _hyphenated(token: str) -> str | None:
     parts = token.split("-")
     if not any(sum(c.isalpha() for c in p) >= 2 for p in parts):
         return None
-    if parts[0].isdigit() and (len(parts[1]) < 4 or not parts[1].isalpha() or parts[1].lower() in NUMERIC_PREFIX_NOUNS):
-        return None
-    if token.lower() in GENERIC_HYPHENATED:
+    if parts[0].isdigit() and (len(parts[1]) < 4 or not parts[1].isalpha()
+                               or parts[1].lower() in NUMERIC_PREFIX_NOUNS):
+        return None  # 10-nm, 5-fold
+    if token.lower() in GENERIC_HYPHENATED or parts[0].lower() in GENERIC_HYPHEN_PREFIXES:
         return None
     first = parts[0]
-    rest_lower = all(p == p.lower() for p in parts[1:])
-    if len(first) >= 3 and first[0].isupper() and first[1:].islower() and rest_lower:
-        token = token[0].lower() + token[1:]  # "Lead-free" at a sentence start -> "lead-free"
+    plain = all(p.isalpha() and (p.islower() or (p[0].isupper() and p[1:].islower())) for p in parts[1:])
+    if len(first) >= 3 and first[0].isupper() and first[1:].islower() and plain:
+        token = token.lower()  # "Lead-free" at a sentence start, "Species-Specific" in a title -> lower case
     return token
 
 
@@ -155,6 +163,7 @@ def extract_typed(text: str, max_entities: int | None = 200) -> list[tuple[str, 
     spans = [(m.group(), m.start()) for m in re.finditer(r"[^\s/–—]+", text)]
     cleaned = [(clean_token(tok), start) for tok, start in spans]
     shouting = _shouting([c for c, _ in cleaned])
+    headings = [m.span(1) for m in HEADING_RE.finditer(text)] + [m.span(1) for m in CAPS_RUN_RE.finditer(text)]
     for token, start in cleaned:
         if not token or not any(c.isalpha() for c in token):
             continue
@@ -169,7 +178,7 @@ def extract_typed(text: str, max_entities: int | None = 200) -> list[tuple[str, 
             for part in token.split("-"):  # TiO2-based, Fe2O3-TiO2: the formulas themselves too
                 if any(c.isdigit() for c in part) and is_formula(part):
                     add(part, "formula", start + 1)
-        elif not shouting and (acr := _acronym(token)):
+        elif not shouting and (acr := _acronym(token)) and not any(a <= start < b for a, b in headings):
             add(acr, "acronym", start)
         elif token in ELEMENTS and len(token) == 2 and token not in AMBIGUOUS_SYMBOLS:
             add(token, "element", start)

@@ -22,6 +22,9 @@ EXPECTED = [
     ("polyvinylidene fluoride (PVDF) membranes and PM2.5 filters with LEDs and IL-6 and X-ray imaging.",
      ["PVDF", "PM2.5", "LED", "IL-6", "X-ray"]),
     ("Density-functional theory predicts GaN and BaTiO3 behaviour.", ["density-functional", "GaN", "BaTiO3"]),
+    ("XRD and TEM: sharp peaks. RESULTS: HIV loads fell.", ["XRD", "TEM", "HIV"]),
+    ("Species-Specific Binding of SRGP-1 and HLH-30 to Fe-doped ZnO", ["species-specific", "SRGP-1", "HLH-30",
+                                                                        "Fe-doped", "ZnO"]),
 ]
 PROSE = [  # ordinary prose: nothing may come out (the original emitted In, As, He, Be, At, No, I, ...)
     "In the beginning, As we noted, He said that I am at home.",
@@ -30,6 +33,9 @@ PROSE = [  # ordinary prose: nothing may come out (the original emitted In, As, 
     "Here we show a so-called well-known state-of-the-art effect of 10-nm scale and 5-fold gains in Table S1.",
     "EFFECT OF TEMPERATURE ON THE GROWTH OF CARBON NANOTUBES IN REACTORS",  # a title in capitals
     "Type II and type IV isotherms; see https://doi.org/10.1000/xyz123 and doi: 10.1/abc.",
+    "OBJECTIVE: to test it. METHODS: a non-randomized, self-reported survey. RESULTS: none. CONCLUSIONS: none.",
+    "DATA SOURCES: registries. STUDY SELECTION: trials. MAIN OUTCOME MEASURES: mortality.",
+    "Serology was done. MAIN OUTCOMES MEASURES Clinical data were collected. DATA SOURCES Registries.",
 ]
 
 

@@ -229,11 +229,30 @@ def test_04_merge_is_the_case_insensitive_union(pipeline):
         assert ("B" in term["from"]) == (term["term"].lower() in {t.lower() for t in inter})
 
 
-def test_help_explains_every_flag():
-    for script in sorted(SCRIPTS.glob("0*.py")):
+def test_help_explains_every_flag(monkeypatch, capsys):
+    import argparse
+
+    class Captured(Exception):
+        pass
+
+    def capture(parser, *args, **kwargs):
+        raise Captured(parser)
+
+    scripts = sorted(SCRIPTS.glob("0*.py"))
+    assert [s.name for s in scripts] == ["01_diagnosis_margin.py", "02_pathA_ccs_matdetector.py",
+                                         "02_pathA_ccs_regex.py", "03_pathB_finch.py", "04_merge_cconf.py"]
+    for script in scripts:
         module = load_script(script.name)
         with pytest.raises(SystemExit):
             module.parse_args(["--help"])
+        assert "--pct" in capsys.readouterr().out
+        with monkeypatch.context() as m:
+            m.setattr(argparse.ArgumentParser, "parse_args", capture)
+            with pytest.raises(Captured) as exc:
+                module.parse_args([])
+        parser = exc.value.args[0]
+        undocumented = [a.option_strings for a in parser._actions if not (a.help and a.help.strip())]
+        assert not undocumented, (script.name, undocumented)
 
 
 def test_refusals(pipeline, tmp_path, capsys):
