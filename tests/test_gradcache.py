@@ -106,3 +106,14 @@ def test_ddp_two_gloo_processes_equal_one_process(tiny_model_dir, tmp_path):
         for mini, res in results.items():
             assert float(res["loss"]) == pytest.approx(ref_loss, abs=1e-5), (rank, mini)
             _assert_same(res["grads"], ref_grads)
+
+
+def test_gradcache_equals_full_batch_with_left_padding(tiny_model_dir_nopad, layout):
+    """No pad token -> EOS pads on the left (the README recipe); chunks pad differently from the full batch."""
+    retriever = lora_retriever(tiny_model_dir_nopad)
+    assert retriever.padding_side == "left"
+    ref_loss, ref_grads = full_batch_reference(retriever, layout)
+    retriever.model.zero_grad(set_to_none=True)
+    stats = contrastive_step(retriever, layout, objective(layout), mini_batch_size=2)
+    assert stats["loss"] == pytest.approx(ref_loss, abs=1e-5)
+    _assert_same(lora_grads(retriever), ref_grads)

@@ -256,3 +256,35 @@ def test_encoder_lora_targets_and_mean_pooling(data_files, tmp_path):
 def test_bad_lora_target_is_a_clear_error(tiny_model_dir, data_files, tmp_path):
     with pytest.raises(ValueError, match="match no linear layer"):
         train(cli_config(base_argv(tiny_model_dir, data_files, tmp_path / "x", "--lora_target_modules", "query")))
+
+
+@pytest.mark.slow
+def test_torchrun_two_cpu_ranks_train_like_one_process(tiny_model_dir, data_files, tmp_path):
+    """The CLI under torchrun (gloo): 2 ranks, gathered negatives, summed gradients, rank-0 checkpoints. Without
+    dropout the adapter equals a one-process run of the same global batches."""
+    common = ["--lora_dropout", "0", "--max_steps", "3", "--save_steps", "2"]
+    single = tmp_path / "single"
+    train(cli_config(base_argv(tiny_model_dir, data_files, single, *common)))
+    multi = tmp_path / "multi"
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    import socket
+
+    with socket.socket() as sock:  # a free port (torchrun's static rendezvous does not take port 0)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_addr", "127.0.0.1", "--master_port", str(port), str(SCRIPT),
+                           *base_argv(tiny_model_dir, data_files, multi, *common), "--log_level", "WARNING"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["status"] == "finished"
+    assert read_json(multi / "training_args.json")["world_size"] == 2
+    assert sorted(p.name for p in (list_checkpoints(multi)[-1]).glob("rng-rank*.pt")) == ["rng-rank0.pt",
+                                                                                       "rng-rank1.pt"]
+    ref, got = adapter_tensors(single), adapter_tensors(multi)
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], atol=1e-5, rtol=1e-4)
+    assert [r["step"] for r in read_jsonl(multi / "train_log.jsonl")] == [1, 2, 3]
+    single_log, multi_log = read_jsonl(single / "train_log.jsonl"), read_jsonl(multi / "train_log.jsonl")
+    for a, b in zip(single_log, multi_log):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
