@@ -351,7 +351,7 @@ def _fmt(value) -> str:
 
 
 def run_settings(cfg: TrainConfig, spec: ModelSpec, retriever: Retriever, data: TrainingData, world: int,
-                 total_steps: int, warmup: int, targets: list[str] | None) -> dict:
+                 total_steps: int, warmup: int, lora_modules: list[str] | None) -> dict:
     """training_args.json: the flags, what they resolved to, and the data that was read."""
     import peft
     import transformers
@@ -361,12 +361,73 @@ def run_settings(cfg: TrainConfig, spec: ModelSpec, retriever: Retriever, data: 
         "model_alias": spec.name, "base_model_name_or_path": spec.path, "pooling": retriever.pooling,
         "text_format": retriever.text_format.__dict__,
         "instruction_used": retriever.text_format.instruction if cfg.instruction is None else cfg.instruction,
-        "padding_side": retriever.padding_side, "lora_target_modules_used": targets, "world_size": world,
+        "padding_side": retriever.padding_side, "lora_target_modules_used": lora_modules, "world_size": world,
         "total_steps": total_steps, "warmup_steps_used": warmup, "examples": len(data),
         "data_sources": [asdict(s) for s in data.sources],
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__},
     })
     return out
+
+
+def optimizer_step(retriever: Retriever, layout, cfg: TrainConfig, optimizer, scheduler,
+                   params: list[torch.nn.Parameter], rank: int, world: int, autocast: torch.dtype | None) -> dict:
+    """One optimizer step on one global batch: gradient-cached forward/backward, cross-rank gradient sum,
+    clipping, AdamW, schedule. Returns the step's statistics (lr is the one the step used)."""
+    targets = layout.targets.to(retriever.device)
+    t0 = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    stats = contrastive_step(
+        retriever, layout,
+        lambda q, d: contrastive_objective(q, d, targets, cfg.temperature, cfg.qem_lambda, cfg.qem_tau),
+        mini_batch_size=cfg.mini_batch_size, instruction=cfg.instruction, rank=rank, world=world,
+        autocast_dtype=autocast)
+    allreduce_gradients(params, world)
+    norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
+    lr = scheduler.get_last_lr()[0]
+    optimizer.step()
+    scheduler.step()
+    return {"lr": lr, "grad_norm": float(norm), **stats, "queries": layout.n_queries,
+            "documents": len(layout.documents), "seconds": time.perf_counter() - t0}
+
+
+class StepLog:
+    """Rank 0's record of every step: ``train_log.jsonl`` (one line per step), TensorBoard scalars, and a
+    stdout line every ``logging_steps``. On resume, lines logged after the checkpoint are dropped first."""
+
+    def __init__(self, output_dir: Path, cfg: TrainConfig, start_step: int):
+        path = output_dir / TRAIN_LOG
+        if start_step:
+            _trim_log(path, start_step)
+        elif path.exists():
+            path.unlink()
+        self.every = max(1, cfg.logging_steps)
+        self.appender = JsonlAppender(path, fsync=False)
+        self.writer = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(cfg.logging_dir or str(output_dir / "runs"),
+                                        purge_step=start_step + 1 if start_step else None)
+        except ImportError:  # tensorboard is in requirements.txt; keep training if a user removed it
+            logger.warning("tensorboard is not installed: logging to stdout and %s only", TRAIN_LOG)
+
+    def write(self, row: dict, total_steps: int) -> None:
+        step = row["step"]
+        self.appender.append(row)
+        if self.writer is not None:
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.writer.add_scalar(f"train/{key}", value, step)
+        if step % self.every == 0 or step == total_steps:
+            logger.info("step %d/%d loss %s lr %.3g gnorm %s pos %s neg %s w[mined] %s w[gen] %s w[in-batch] %s "
+                        "%.2fs", step, total_steps, _fmt(row["loss"]), row["lr"], _fmt(row["grad_norm"]),
+                        _fmt(row["pos_sim"]), _fmt(row["neg_sim"]), _fmt(row["weight_mined"]),
+                        _fmt(row["weight_generated"]), _fmt(row["weight_in_batch"]), row["seconds"])
+
+    def close(self) -> None:
+        self.appender.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 def train(cfg: TrainConfig) -> dict:
@@ -400,15 +461,13 @@ def train(cfg: TrainConfig) -> dict:
     if world > 1:
         for p in params:
             torch.distributed.broadcast(p.data, src=0)
-    targets = None
-    if not cfg.full_finetune:
-        targets = sorted(retriever.model.peft_config["default"].target_modules)
+    lora_modules = None if cfg.full_finetune else sorted(retriever.model.peft_config["default"].target_modules)
     optimizer = build_optimizer(named, cfg)
     steps_per_epoch = math.ceil(len(data) / cfg.global_batch_size)
     total_steps = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * steps_per_epoch
     warmup = cfg.warmup_steps if cfg.warmup_steps >= 0 else math.ceil(cfg.warmup_ratio * total_steps)
     scheduler = linear_schedule(optimizer, warmup, total_steps)
-    settings = run_settings(cfg, spec, retriever, data, world, total_steps, warmup, targets)
+    settings = run_settings(cfg, spec, retriever, data, world, total_steps, warmup, lora_modules)
 
     step = 0
     ckpts = list_checkpoints(output_dir) if cfg.resume else []
@@ -417,30 +476,15 @@ def train(cfg: TrainConfig) -> dict:
         logger.info("resumed from %s (step %d of %d)", ckpts[-1], step, total_steps)
     elif cfg.resume:
         logger.info("--resume: no checkpoint in %s, starting from step 0", output_dir)
-    log_path = output_dir / TRAIN_LOG
-    writer = None
-    appender = None
+    step_log = StepLog(output_dir, cfg, step) if rank == 0 else None
     if rank == 0:
         write_json(output_dir / ARGS_FILE, settings)
-        if step:
-            _trim_log(log_path, step)
-        elif log_path.exists():
-            log_path.unlink()
-        appender = JsonlAppender(log_path, fsync=False)
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            writer = SummaryWriter(cfg.logging_dir or str(output_dir / "runs"), purge_step=step + 1 if step else None)
-        except ImportError:  # tensorboard is in requirements.txt; keep training if a user removed it
-            logger.warning("tensorboard is not installed: logging to stdout and %s only", TRAIN_LOG)
-
     autocast = torch.bfloat16 if device.type == "cuda" else None
-    objective = lambda q, d, t: contrastive_objective(q, d, t, cfg.temperature, cfg.qem_lambda, cfg.qem_tau)  # noqa: E731
     bar = tqdm(total=total_steps, initial=step, desc="train", unit="step",
                disable=rank != 0 or not cfg.show_progress, mininterval=1.0)
     stopped_early = False
     steps_this_run = 0
-    last = {}
+    last: dict = {}
     order, order_epoch = None, -1
     try:
         while step < total_steps:
@@ -448,37 +492,15 @@ def train(cfg: TrainConfig) -> dict:
             if epoch != order_epoch:
                 order, order_epoch = epoch_order(len(data), cfg.seed, epoch), epoch
             batch = [data.examples[i] for i in order[b * cfg.global_batch_size:(b + 1) * cfg.global_batch_size]]
-            layout = build_layout(batch, data.positives_of, world)
-            targets_dev = layout.targets.to(device)
-            t0 = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            stats = contrastive_step(retriever, layout, lambda q, d: objective(q, d, targets_dev),
-                                     mini_batch_size=cfg.mini_batch_size, instruction=cfg.instruction,
-                                     rank=rank, world=world, autocast_dtype=autocast)
-            allreduce_gradients(params, world)
-            norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
+            last = optimizer_step(retriever, build_layout(batch, data.positives_of, world), cfg, optimizer,
+                                  scheduler, params, rank, world, autocast)
             step += 1
             steps_this_run += 1
-            last = {"step": step, "epoch": epoch + (b + 1) / steps_per_epoch, "lr": lr, "grad_norm": float(norm),
-                    **stats, "queries": layout.n_queries, "documents": len(layout.documents),
-                    "seconds": time.perf_counter() - t0}
-            if rank == 0:
-                appender.append(last)
-                if writer is not None:
-                    for key, value in last.items():
-                        if key != "step" and isinstance(value, (int, float)):
-                            writer.add_scalar(f"train/{key}", value, step)
+            last = {"step": step, "epoch": epoch + (b + 1) / steps_per_epoch, **last}
+            if step_log is not None:
+                step_log.write(last, total_steps)
                 bar.update(1)
-                bar.set_postfix(loss=f"{last['loss']:.4f}", lr=f"{lr:.2e}")
-                if step % max(1, cfg.logging_steps) == 0 or step == total_steps:
-                    logger.info("step %d/%d loss %s lr %.3g gnorm %s pos %s neg %s w[mined] %s w[gen] %s "
-                                "w[in-batch] %s %.2fs", step, total_steps, _fmt(last["loss"]), lr,
-                                _fmt(last["grad_norm"]), _fmt(last["pos_sim"]), _fmt(last["neg_sim"]),
-                                _fmt(last["weight_mined"]), _fmt(last["weight_generated"]),
-                                _fmt(last["weight_in_batch"]), last["seconds"])
+                bar.set_postfix(loss=f"{last['loss']:.4f}", lr=f"{last['lr']:.2e}")
             stop_now = cfg.stop_after_steps is not None and steps_this_run >= cfg.stop_after_steps and step < total_steps
             if (cfg.save_steps > 0 and step % cfg.save_steps == 0 and step < total_steps) or stop_now:
                 save_checkpoint(output_dir, step, retriever, optimizer, scheduler, cfg, rank, world)
@@ -488,10 +510,8 @@ def train(cfg: TrainConfig) -> dict:
                 break
     finally:
         bar.close()
-        if appender is not None:
-            appender.close()
-        if writer is not None:
-            writer.close()
+        if step_log is not None:
+            step_log.close()
 
     result = {"status": "stopped" if stopped_early else "finished", "step": step, "total_steps": total_steps,
               "last_loss": last.get("loss"), "output_dir": str(output_dir)}
