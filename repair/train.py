@@ -374,7 +374,7 @@ def optimizer_step(retriever: Retriever, layout, cfg: TrainConfig, optimizer, sc
     """One optimizer step on one global batch: gradient-cached forward/backward, cross-rank gradient sum,
     clipping, AdamW, schedule. Returns the step's statistics (lr is the one the step used)."""
     targets = layout.targets.to(retriever.device)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     optimizer.zero_grad(set_to_none=True)
     stats = contrastive_step(
         retriever, layout,
@@ -387,7 +387,8 @@ def optimizer_step(retriever: Retriever, layout, cfg: TrainConfig, optimizer, sc
     optimizer.step()
     scheduler.step()
     return {"lr": lr, "grad_norm": float(norm), **stats, "queries": layout.n_queries,
-            "documents": len(layout.documents), "seconds": time.perf_counter() - t0}
+            "documents": len(layout.documents), "seconds": time.perf_counter() - t0,
+            "cpu_seconds": time.process_time() - cpu0}
 
 
 class StepLog:
