@@ -315,6 +315,6 @@ for ((k = 1; k <= ITERS; k++)); do
 done
 
 # ------------------------------------------------------------------------------------------ report
-step report "" py "$HERE/eval/run_report.py" --run_dir "$OUT_DIR" --pct "$PCT"
+step report "" "$PYTHON" "$HERE/eval/run_report.py" --run_dir "$OUT_DIR" --pct "$PCT"
 rm -f "$STATE/report.done"  # the report is cheap: always rebuilt so it reflects the latest state
 say "report: $OUT_DIR/report.md"
