@@ -73,7 +73,7 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
-  sed -n '2,/^set -euo pipefail/p' "${BASH_SOURCE[0]}" | grep '^#' | sed 's/^# \{0,1\}//'
+  sed -n '2,/^set -euo pipefail/p' "${BASH_SOURCE[0]}" | grep '^#' | grep -v '^#SBATCH' | sed 's/^# \{0,1\}//'
   exit 0
 fi
 if [[ $# -gt 0 ]]; then echo "run_repair.sh takes no arguments (settings are environment variables; see --help)" >&2; exit 2; fi
@@ -146,14 +146,17 @@ TRAIN_EXTRA=${TRAIN_EXTRA:-}
 if [[ -z "${QEM_LAMBDA:-}" ]]; then
   if [[ "$NEGATIVES" == causalneg ]]; then QEM_LAMBDA=0.1; else QEM_LAMBDA=0; fi
 fi
+if [[ ! -e "$TRAIN_DATA" ]]; then echo "TRAIN_DATA not found: $TRAIN_DATA" >&2; exit 2; fi
 case "$SOURCE" in local|semantic_scholar|elsevier) ;; *) echo "SOURCE must be local, semantic_scholar or elsevier" >&2; exit 2 ;; esac
 case "$NEGATIVES" in repair|causalneg) ;; *) echo "NEGATIVES must be repair or causalneg" >&2; exit 2 ;; esac
+if (( TOP_K < CONSISTENCY_K )); then
+  echo "TOP_K ($TOP_K) must be >= CONSISTENCY_K ($CONSISTENCY_K): 09 decides rank(d+) <= kappa from 08's top-k list" >&2; exit 2
+fi
 case "$EXTRACTOR" in regex|matdetector) ;; *) echo "EXTRACTOR must be regex or matdetector" >&2; exit 2 ;; esac
 if [[ -z "$LOCAL_CORPUS" && "$SOURCE" == local ]]; then
   if [[ -d "$TRAIN_DATA" ]]; then LOCAL_CORPUS="$TRAIN_DATA"; else
     echo "SOURCE=local needs LOCAL_CORPUS (a BEIR folder or JSONL of papers)" >&2; exit 2; fi
 fi
-if [[ ! -e "$TRAIN_DATA" ]]; then echo "TRAIN_DATA not found: $TRAIN_DATA" >&2; exit 2; fi
 for spec in $EVAL_DATA; do
   path="${spec##*:}"
   if [[ ! -e "$path" ]]; then echo "EVAL_DATA entry not found: $path (from '$spec')" >&2; exit 2; fi

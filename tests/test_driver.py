@@ -1,0 +1,173 @@
+"""run_repair.sh end to end on a tiny random model and tiny data: every file, the report, a rerun that skips
+everything, a run killed during expansion that resumes to the same outputs, and clear input errors.
+
+The generator is an OpenAI-compatible server on 127.0.0.1 (a real HTTP server; the tiny random model cannot
+write text), answering with a query about the concepts named in the prompt, so verification finds papers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers_sources import FakeServer, openai_route
+
+ROOT = Path(__file__).resolve().parents[1]
+MATERIALS = ["TiO2", "Fe2O3", "NaCl", "ZnO", "MoS2", "GaN", "CsPbI3", "Al2O3", "SnO2", "Cu2O"]
+PROPERTIES = ["band gap", "photocatalysis", "thermal stability", "ionic conductivity"]
+
+
+def make_corpus(folder: Path) -> Path:
+    """40 short materials abstracts; 12 train claims (T0) and 6 test claims, each citing one document."""
+    (folder / "qrels").mkdir(parents=True)
+    docs, queries, train, test = [], [], [], []
+    for i, (m, p) in enumerate((m, p) for m in MATERIALS for p in PROPERTIES):
+        docs.append({"_id": f"d{i}", "title": f"{p.capitalize()} of {m} thin films",
+                     "text": f"We report the {p} of {m} films grown by ALD and measured by XRD and DFT. "
+                             f"The {m} samples annealed at {300 + 10 * i} C show a clear trend in {p}."})
+    for j in range(18):
+        d = docs[(j * 7) % len(docs)]
+        m, p = d["title"].split(" of ")[1].split()[0], d["title"].split(" of ")[0].lower()
+        queries.append({"_id": f"q{j}", "text": f"How does annealing change the {p} of {m}?"})
+        (train if j < 12 else test).append((f"q{j}", d["_id"]))
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    for name, rows in (("train", train), ("test", test)):
+        (folder / "qrels" / f"{name}.tsv").write_text(
+            "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, d in rows))
+    return folder
+
+
+def reply_for(messages: list[dict], seed: int) -> str:
+    """A query about the concepts the REPAIR prompt lists ("Concept k: NAME (Attributes: ...)")."""
+    prompt = messages[-1]["content"]
+    concepts = re.findall(r"Concept \d+: (.+?) \(Attributes", prompt) or ["materials"]
+    angle = ["band gap", "photocatalysis", "thermal stability", "ionic conductivity"][seed % 4]
+    return f"How does the {angle} of {' and '.join(concepts)} films change after annealing?"
+
+
+def driver_env(tmp: Path, model: Path, data: Path, server_url: str, out: str) -> dict:
+    env = dict(os.environ)
+    env.update({
+        "PYTHON": sys.executable, "MODEL": str(model), "TRAIN_DATA": str(data),
+        "OUT_DIR": str(tmp / out), "ITERS": "2", "MAX_LENGTH": "64", "BATCH_SIZE": "16", "EPOCHS": "1",
+        "GLOBAL_BATCH": "8", "MINI_BATCH": "8", "LR": "1e-3", "GENERATOR": "openai",
+        "OPENAI_URL": server_url + "/v1", "EVAL_DATA": f"{data} {ROOT / 'data' / 'biosses'}",
+        "GEN_ROUND": "8", "MAX_ROUNDS": "2", "TOP_NEG_N": "10", "TARGET_K": "8", "TOP_K": "5",
+        "CONSISTENCY_K": "5", "SEED": "7", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        "REPAIR_CACHE": str(tmp / "repair_cache"), "HF_HUB_OFFLINE": "1",
+    })
+    env.pop("OPENAI_API_KEY", None)
+    return env
+
+
+def run_driver(env: dict, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "run_repair.sh")], env=env, capture_output=True, text=True,
+                          cwd=ROOT, **kw)
+
+
+def outputs(run: Path) -> dict:
+    """What a run produced that must not depend on interruptions."""
+    out = {}
+    for k in (1, 2):
+        final = run / f"iter{k}" / "differentiation" / "final_train_data.bottom_30pct.jsonl"
+        out[f"final{k}"] = final.read_text()
+        out[f"expansion{k}"] = (run / f"iter{k}" / "expansion" / "expansion.bottom_30pct.jsonl").read_text()
+        out[f"eval{k}"] = json.loads((run / f"iter{k}" / "eval" / "eval.json").read_text())["summary"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def server():
+    with FakeServer(openai_route(reply_for, model="fake-generator")) as srv:
+        yield srv
+
+
+def test_driver_end_to_end_skip_and_resume(tiny_model_dir, tmp_path, server):
+    data = make_corpus(tmp_path / "matsci")
+    env = driver_env(tmp_path, tiny_model_dir, data, server.url, "run_a")
+    first = run_driver(env, timeout=900)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    run = tmp_path / "run_a"
+    for k in (1, 2):
+        it = run / f"iter{k}"
+        for rel in ("diagnosis/01.train_diagnosis_meta.cos_percentile.json",
+                    "diagnosis/confused_train_queries.bottom_30pct.cos.jsonl",
+                    "diagnosis/pathA_ccs_train/cintra.bottom_30pct.jsonl",
+                    "diagnosis/pathB_finch_train/pathB_finch_train.components.bottom_30pct.json",
+                    "diagnosis/PathAB_terms/final_terms.bottom_30pct.txt",
+                    "expansion/generated.bottom_30pct.jsonl", "expansion/expansion.bottom_30pct.jsonl",
+                    "differentiation/final_train_data.bottom_30pct.jsonl", "differentiation/consistency_stats.json",
+                    "adapter/adapter_config.json", "adapter/adapter_model.safetensors", "adapter/train_log.jsonl",
+                    "eval/eval.json"):
+            assert (it / rel).exists(), f"missing {it / rel}"
+        triplets = [json.loads(x) for x in (it / "differentiation/final_train_data.bottom_30pct.jsonl").open()]
+        assert triplets and all(t["d_neg"] == t["hard_negatives"][0] != t["pos_document"] for t in triplets)
+    # iteration 2 started from iteration 1's adapter and trained on both iterations' triplets
+    args2 = json.loads((run / "iter2" / "adapter" / "training_args.json").read_text())
+    assert args2["init_adapter"] == str(run / "iter1" / "adapter")
+    assert len(args2["triplets"]) == 2
+    report = (run / "report.md").read_text()
+    assert "| 0 (before) |" in report and "| 2 |" in report and "biosses" in report
+    assert "| iteration | |T0| |" in report
+    assert "0 (before)" in first.stdout  # the metrics table is printed at the end
+
+    before = outputs(run)
+    second = run_driver(env, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    started = [ln for ln in second.stdout.splitlines() if "] start " in ln and "start report" not in ln]
+    assert started == [], started
+    assert outputs(run) == before
+
+    # a run killed during expansion, then resumed, ends with the same outputs as the uninterrupted one
+    env_b = driver_env(tmp_path, tiny_model_dir, data, server.url, "run_b")
+    env_b["REPAIR_CACHE"] = env["REPAIR_CACHE"]
+    server.slow_all = 0.3  # widen the expansion window so the kill lands inside it
+    proc = subprocess.Popen(["bash", str(ROOT / "run_repair.sh")], env=env_b, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    generated = tmp_path / "run_b" / "iter1" / "expansion" / "generated.bottom_30pct.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        if generated.exists() and generated.read_text().count("\n") >= 2:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the driver finished before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    server.slow_all = 0.0
+    assert not (tmp_path / "run_b" / ".state" / "iter1.expansion.done").exists()
+    resumed = run_driver(env_b, timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "skip  iter1.01_margin (done)" in resumed.stdout
+    a, b = outputs(run), outputs(tmp_path / "run_b")
+    assert a["final1"] == b["final1"] and a["expansion1"] == b["expansion1"]
+    assert a["final2"] == b["final2"] and a["expansion2"] == b["expansion2"]
+    for k in ("eval1", "eval2"):
+        for name, metrics in a[k].items():
+            for metric, value in metrics.items():
+                assert b[k][name][metric] == pytest.approx(value, abs=1e-6)
+
+
+def test_driver_input_errors(tmp_path):
+    env = dict(os.environ, TRAIN_DATA=str(tmp_path / "missing_t0.jsonl"), OUT_DIR=str(tmp_path / "r"))
+    proc = run_driver(env, timeout=60)
+    assert proc.returncode == 2 and f"TRAIN_DATA not found: {tmp_path / 'missing_t0.jsonl'}" in proc.stderr
+    env = dict(os.environ, SOURCE="google", OUT_DIR=str(tmp_path / "r"))
+    proc = run_driver(env, timeout=60)
+    assert proc.returncode == 2 and "SOURCE must be" in proc.stderr
+    env = dict(os.environ, EVAL_DATA=f"scifact:ir:{tmp_path / 'nope'}", OUT_DIR=str(tmp_path / "r"))
+    proc = run_driver(env, timeout=60)
+    assert proc.returncode == 2 and "EVAL_DATA entry not found" in proc.stderr
+    help_text = subprocess.run(["bash", str(ROOT / "run_repair.sh"), "--help"], capture_output=True, text=True)
+    env = dict(os.environ, TOP_K="3", CONSISTENCY_K="5", OUT_DIR=str(tmp_path / "r"))
+    proc = run_driver(env, timeout=60)
+    assert proc.returncode == 2 and "TOP_K (3) must be >= CONSISTENCY_K (5)" in proc.stderr
+    assert help_text.returncode == 0 and "CONSISTENCY_K" in help_text.stdout and "--gres=gpu" not in help_text.stdout
