@@ -210,12 +210,13 @@ eval_step() {  # eval_step NAME OUT_JSON [--adapter DIR]
   local name=$1 out=$2; shift 2
   [[ -z "$EVAL_DATA" ]] && { say "skip  $name (EVAL_DATA empty)"; return 0; }
   # shellcheck disable=SC2086
-  step "$name" "$out" "$PYTHON" "$HERE/eval/eval_suite.py" --model "$MODEL" "$@" --data $EVAL_DATA --split "$EVAL_SPLIT" \
+  step "$name" "$out" "$PYTHON" "$HERE/eval/eval_suite.py" --model "$CUR_MODEL" "$@" --data $EVAL_DATA --split "$EVAL_SPLIT" \
     --max_length "$MAX_LENGTH" --batch_size "$BATCH_SIZE" --cache_dir "$EMB_CACHE" "${DEVICE_FLAG[@]}" --output "$out"
 }
 
 # ------------------------------------------------------------------------------------------ iteration 0: baseline eval
 mkdir -p "$OUT_DIR/iter0/eval"
+CUR_MODEL="$MODEL"  # full fine-tuning replaces the model folder each iteration; LoRA keeps MODEL + an adapter
 BASE_ADAPTER_FLAG=(); [[ -n "$ADAPTER" ]] && BASE_ADAPTER_FLAG=(--adapter "$ADAPTER")
 eval_step iter0.eval "$OUT_DIR/iter0/eval/eval.json" "${BASE_ADAPTER_FLAG[@]}"
 
@@ -226,11 +227,11 @@ for ((k = 1; k <= ITERS; k++)); do
   DIA="$IT/diagnosis"; EXP="$IT/expansion"; DIF="$IT/differentiation"; ADP="$IT/adapter"; EV="$IT/eval"
   mkdir -p "$DIA" "$EXP" "$DIF" "$EV"
   AFLAG=(); [[ -n "$CUR_ADAPTER" ]] && AFLAG=(--adapter "$CUR_ADAPTER")
-  say "=== iteration $k / $ITERS (retriever: $MODEL${CUR_ADAPTER:+ + $CUR_ADAPTER}) ==="
+  say "=== iteration $k / $ITERS (retriever: $CUR_MODEL${CUR_ADAPTER:+ + $CUR_ADAPTER}) ==="
 
   # ---- Stage I: Diagnosis
   step "iter$k.01_margin" "" "$PYTHON" "$HERE/diagnosis/01_diagnosis_margin.py" --train_pt "$TRAIN_DATA" --split "$TRAIN_SPLIT" \
-    --out_dir "$DIA" --model "$MODEL" "${AFLAG[@]}" --pct "$PCT" --top_k "$DIA_TOP_K" --max_length "$MAX_LENGTH" \
+    --out_dir "$DIA" --model "$CUR_MODEL" "${AFLAG[@]}" --pct "$PCT" --top_k "$DIA_TOP_K" --max_length "$MAX_LENGTH" \
     --batch_size "$BATCH_SIZE" --cache_dir "$EMB_CACHE" "${DEVICE_FLAG[@]}"
   if [[ "$EXTRACTOR" == regex ]]; then
     step "iter$k.02_pathA" "$DIA/pathA_ccs_train" "$PYTHON" "$HERE/diagnosis/02_pathA_ccs_regex.py" --pct "$PCT" --dia_out_dir "$DIA" \
@@ -282,7 +283,7 @@ for ((k = 1; k <= ITERS; k++)); do
 
   # ---- Stage III: Differentiation
   step "iter$k.07_embed" "$DIF/embeddings" "$PYTHON" "$HERE/differentiation/07_embed_candidates.py" --input_jsonl "$EXPJ" \
-    --output_dir "$DIF/embeddings" --num_gpus "$NPROC" --model "$MODEL" "${AFLAG[@]}" --max_length "$MAX_LENGTH" \
+    --output_dir "$DIF/embeddings" --num_gpus "$NPROC" --model "$CUR_MODEL" "${AFLAG[@]}" --max_length "$MAX_LENGTH" \
     --batch_size "$BATCH_SIZE" --cache_dir "$EMB_CACHE" "${DEVICE_FLAG[@]}"
   step "iter$k.08_hardneg" "" "$PYTHON" "$HERE/differentiation/08_hard_negative_selection.py" --input_jsonl "$EXPJ" \
     --embedding_dir "$DIF/embeddings" --output_jsonl "$DIF/hard_negatives.bottom_${PP}pct.jsonl" --top_k "$TOP_K"
@@ -306,15 +307,16 @@ for ((k = 1; k <= ITERS; k++)); do
   FT=(); [[ "$FULL_FINETUNE" == 1 ]] && FT=(--full_finetune)
   LAUNCH=("$PYTHON"); [[ "$NPROC" -gt 1 ]] && LAUNCH=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC")
   # shellcheck disable=SC2086
-  step "iter$k.10_train" "" "${LAUNCH[@]}" "$HERE/training/10_train_lora.py" --model "$MODEL" "${INIT[@]}" "${FT[@]}" \
+  step "iter$k.10_train" "" "${LAUNCH[@]}" "$HERE/training/10_train_lora.py" --model "$CUR_MODEL" "${INIT[@]}" "${FT[@]}" \
     --train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT" "${TRIPLETS[@]}" --num_hard_negatives "$NUM_HARD_NEG" \
     --output_dir "$ADP" --epochs "$EPOCHS" --lr "$LR" --temperature "$TEMPERATURE" --global_batch_size "$GLOBAL_BATCH" \
     --mini_batch_size "$MINI_BATCH" --max_length "$MAX_LENGTH" --qem_lambda "$QEM_LAMBDA" --qem_tau "$QEM_TAU" \
     --seed "$SEED" "${TRAIN_RESUME[@]}" "${DEVICE_FLAG[@]}" $TRAIN_EXTRA
-  CUR_ADAPTER="$ADP"
+  if [[ "$FULL_FINETUNE" == 1 ]]; then CUR_MODEL="$ADP"; CUR_ADAPTER=""; else CUR_ADAPTER="$ADP"; fi
+  AFLAG=(); [[ -n "$CUR_ADAPTER" ]] && AFLAG=(--adapter "$CUR_ADAPTER")
 
   # ---- Evaluation after this iteration
-  eval_step "iter$k.eval" "$EV/eval.json" --adapter "$CUR_ADAPTER"
+  eval_step "iter$k.eval" "$EV/eval.json" "${AFLAG[@]}"
 done
 
 # ------------------------------------------------------------------------------------------ report
