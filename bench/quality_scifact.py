@@ -1,0 +1,240 @@
+#!/usr/bin/env python
+"""Measured quality on SciFact: does REPAIR beat plain fine-tuning here? (issue 9)
+
+T0 = the 809 SciFact train claims (one positive each), evaluation = the 300 test claims over the full
+5,183-document corpus (exact search), plus BIOSSES Spearman. Every trained row gets the same budget
+(52 optimizer steps of 32 examples = 2 epochs of T0) and the same settings; rows are run per seed.
+
+Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skipped when present):
+  offshelf              the backbone as is
+  inbatch               fine-tuned on T0, in-batch negatives only
+  bm25                  fine-tuned on T0 + the top BM25 hit that is not a positive (bm25s), one per claim
+  repair                run_repair.sh, 2 iterations (diagnosis -> expansion with the local-corpus source ->
+                        differentiation -> training on T0 + new triplets), each iteration 52 steps from the last
+  causalneg             as repair with NEGATIVES=causalneg (CoT counterfactual negatives + QEM)
+  inbatch2x / bm25x2    the 2-iteration budget (104 steps) for plain fine-tuning, to compare with repair iter 2
+  st_reference          sentence-transformers' own trainer (MultipleNegativesRankingLoss), the calibration peer
+
+    python bench/quality_scifact.py --scifact ../shared/data/scifact --out runs/quality --rows offshelf inbatch bm25 repair --seeds 1 2
+    python bench/quality_scifact.py --out runs/quality --summarize      # the table for docs/results.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PY = sys.executable
+
+
+def run(cmd: list[str], log: Path, env: dict | None = None) -> float:
+    """Run a command with its output in ``log``; raise with the log's tail on failure. Returns seconds."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    with open(log, "a") as fh:
+        fh.write("$ " + " ".join(map(str, cmd)) + "\n")
+        fh.flush()
+        proc = subprocess.run(list(map(str, cmd)), stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
+                              env={**os.environ, **(env or {})})
+    if proc.returncode != 0:
+        tail = log.read_text()[-3000:]
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(map(str, cmd))}\n--- {log} ---\n{tail}")
+    return time.time() - t0
+
+
+class Study:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.out = Path(args.out).resolve()
+        self.rows = self.out / "rows"
+        self.rows.mkdir(parents=True, exist_ok=True)
+        self.scifact = str(Path(args.scifact).resolve())
+        self.biosses = str(ROOT / "data" / "biosses")
+
+    # ---------------------------------------------------------------- shared pieces
+    def train_flags(self, steps: int) -> list[str]:
+        a = self.args
+        flags = ["--model", a.model, "--max_length", str(a.max_length), "--temperature", str(a.temperature),
+                 "--global_batch_size", "32", "--mini_batch_size", "64", "--lr", str(a.lr), "--warmup_ratio", "0.1",
+                 "--weight_decay", "0.01", "--epochs", "100", "--max_steps", str(steps), "--save_steps", "0",
+                 "--no_progress"]
+        if a.full_finetune:
+            flags.append("--full_finetune")
+        elif a.lora_lr:
+            flags[flags.index("--lr") + 1] = str(a.lora_lr)
+        return flags
+
+    def evaluate(self, name: str, model: str, adapter: str | None = None) -> dict:
+        out = self.out / "eval" / f"{name}.json"
+        if not out.exists():
+            cmd = [PY, ROOT / "eval" / "eval_suite.py", "--model", model, "--data", f"scifact:ir:{self.scifact}",
+                   self.biosses, "--max_length", str(self.args.max_length), "--output", out,
+                   "--cache_dir", self.out / "cache"]
+            if adapter:
+                cmd += ["--adapter", adapter]
+            run(cmd, self.out / "logs" / f"eval_{name}.log")
+        res = json.loads(out.read_text())
+        by = {r["dataset"]: r for r in res["results"]}
+        return {"ndcg@10": by["scifact"]["ndcg@10"], "recall@100": by["scifact"]["recall@100"],
+                "biosses_spearman": by["biosses"]["spearman"]}
+
+    def bm25_triplets(self) -> Path:
+        path = self.out / "data" / "scifact_train_bm25.jsonl"
+        if not path.exists():
+            run([PY, ROOT / "differentiation" / "10_counterfactual_negatives.py", "--config", "mined", "--input",
+                 self.scifact, "--split", "train", "--corpus", self.scifact, "--output_jsonl", path],
+                self.out / "logs" / "bm25_triplets.log")
+        return path
+
+    def model_dir(self, folder: Path) -> tuple[str, str | None]:
+        """(model, adapter) for a trained output folder (full fine-tuning saves a model, LoRA an adapter)."""
+        if (folder / "adapter_config.json").exists():
+            return self.args.model, str(folder)
+        return str(folder), None
+
+    def save(self, row: str, result: dict) -> None:
+        (self.rows / f"{row}.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps({"row": row, **{k: v for k, v in result.items() if k in ("ndcg@10", "recall@100",
+                                                                                   "biosses_spearman")}}),
+              flush=True)
+
+    # ---------------------------------------------------------------- rows
+    def offshelf(self, seed: int) -> dict:
+        t0 = time.time()
+        return {**self.evaluate("offshelf", self.args.model), "seconds": round(time.time() - t0)}
+
+    def _train_and_eval(self, name: str, data_flags: list[str], steps: int, seed: int) -> dict:
+        folder = self.out / "train" / name
+        seconds = 0.0
+        if not (folder / "training_args.json").exists():
+            seconds = run([PY, ROOT / "training" / "10_train_lora.py", *self.train_flags(steps), *data_flags,
+                           "--seed", str(seed), "--output_dir", folder, "--overwrite_output_dir"],
+                          self.out / "logs" / f"train_{name}.log")
+        model, adapter = self.model_dir(folder)
+        return {**self.evaluate(name, model, adapter), "train_seconds": round(seconds), "steps": steps}
+
+    def inbatch(self, seed: int, steps: int | None = None, tag: str = "inbatch") -> dict:
+        return self._train_and_eval(f"{tag}_s{seed}", ["--train_data", self.scifact, "--split", "train"],
+                                    steps or self.args.steps, seed)
+
+    def bm25(self, seed: int, steps: int | None = None, tag: str = "bm25") -> dict:
+        return self._train_and_eval(f"{tag}_s{seed}", ["--triplets", self.bm25_triplets(), "--num_hard_negatives", "1"],
+                                    steps or self.args.steps, seed)
+
+    def inbatch2x(self, seed: int) -> dict:
+        return self.inbatch(seed, 2 * self.args.steps, "inbatch2x")
+
+    def bm25x2(self, seed: int) -> dict:
+        return self.bm25(seed, 2 * self.args.steps, "bm25x2")
+
+    def _driver(self, name: str, seed: int, extra: dict) -> dict:
+        a = self.args
+        run_dir = self.out / "repair" / name
+        env = {"MODEL": a.model, "TRAIN_DATA": self.scifact, "TRAIN_SPLIT": "train", "OUT_DIR": str(run_dir),
+               "ITERS": str(a.iters), "EVAL_DATA": f"scifact:ir:{self.scifact} {self.biosses}",
+               "LOCAL_CORPUS": self.scifact, "GEN_MODEL": a.generator, "MAX_LENGTH": str(a.max_length),
+               "LR": str(a.lora_lr if (a.lora_lr and not a.full_finetune) else a.lr),
+               "TEMPERATURE": str(a.temperature), "GLOBAL_BATCH": "32", "MINI_BATCH": "64",
+               "FULL_FINETUNE": "1" if a.full_finetune else "0", "SEED": str(seed),
+               "MAX_ROUNDS": str(a.max_rounds), "PYTHON": PY,
+               "TRAIN_EXTRA": f"--max_steps {a.steps} --epochs 100 --warmup_ratio 0.1 --weight_decay 0.01 "
+                              f"--save_steps 0 --no_progress", **extra}
+        seconds = run(["bash", ROOT / "run_repair.sh"], self.out / "logs" / f"driver_{name}.log", env=env)
+        report = json.loads((run_dir / "report.json").read_text())
+        per_iter = []
+        for it in report["iterations"]:
+            ev = json.loads((run_dir / f"iter{it['iter']}" / "eval" / "eval.json").read_text())
+            by = {r["dataset"]: r for r in ev["results"]}
+            per_iter.append({"iter": it["iter"], "ndcg@10": by["scifact"]["ndcg@10"],
+                             "recall@100": by["scifact"]["recall@100"], "biosses_spearman": by["biosses"]["spearman"],
+                             **{k: it.get(k) for k in ("q_conf", "c_conf", "generated", "generated_accepted",
+                                                       "verified", "kept", "kept_rate")},
+                             "stage_seconds": it.get("seconds")})
+        last = per_iter[-1]
+        return {"ndcg@10": last["ndcg@10"], "recall@100": last["recall@100"],
+                "biosses_spearman": last["biosses_spearman"], "iterations": per_iter,
+                "seconds": round(seconds), "run_dir": str(run_dir)}
+
+    def repair(self, seed: int) -> dict:
+        return self._driver(f"repair_s{seed}", seed, {})
+
+    def causalneg(self, seed: int) -> dict:
+        return self._driver(f"causalneg_s{seed}", seed, {"NEGATIVES": "causalneg"})
+
+    def st_reference(self, seed: int) -> dict:
+        folder = self.out / "train" / f"st_reference_s{seed}"
+        seconds = 0.0
+        if not (folder / "config.json").exists():
+            seconds = run([PY, ROOT / "bench" / "st_reference_train.py", "--scifact", self.scifact, "--seed", str(seed),
+                           "--output_dir", folder, "--max_length", str(self.args.max_length)],
+                          self.out / "logs" / f"train_st_reference_s{seed}.log")
+        return {**self.evaluate(f"st_reference_s{seed}", str(folder)), "train_seconds": round(seconds)}
+
+
+def summarize(out: Path) -> str:
+    rows: dict[str, list[dict]] = {}
+    for f in sorted((out / "rows").glob("*.json")):
+        name = f.stem.rsplit("_s", 1)[0] if "_s" in f.stem else f.stem
+        rows.setdefault(name, []).append(json.loads(f.read_text()))
+    lines = ["| row | runs | nDCG@10 (mean ± sd) | Recall@100 | BIOSSES ρ |", "|---|---|---|---|---|"]
+    for name, results in rows.items():
+        def stat(key: str) -> str:
+            vals = [r[key] for r in results if r.get(key) is not None]
+            if not vals:
+                return "–"
+            if len(vals) == 1:
+                return f"{vals[0]:.4f}"
+            return f"{statistics.mean(vals):.4f} ± {statistics.stdev(vals):.4f}"
+        lines.append(f"| {name} | {len(results)} | {stat('ndcg@10')} | {stat('recall@100')} | {stat('biosses_spearman')} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scifact", default="../shared/data/scifact", help="BEIR SciFact folder (train + test qrels)")
+    p.add_argument("--out", default="runs/quality", help="study folder (resumable: finished rows are skipped)")
+    p.add_argument("--rows", nargs="+", default=["offshelf", "inbatch", "bm25", "repair"],
+                   help="rows to run (see the module docstring)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="training seeds (default: %(default)s)")
+    p.add_argument("--model", default="minilm", help="backbone (default: %(default)s)")
+    p.add_argument("--generator", default="smollm2-135m", help="query/negative generator (default: %(default)s)")
+    p.add_argument("--full_finetune", type=int, default=1, help="1 = full fine-tuning, 0 = LoRA (default: 1)")
+    p.add_argument("--lr", type=float, default=2e-5, help="full fine-tuning learning rate (default: %(default)s)")
+    p.add_argument("--lora_lr", type=float, default=None, help="learning rate when --full_finetune 0")
+    p.add_argument("--temperature", type=float, default=0.05, help="InfoNCE temperature (default: %(default)s)")
+    p.add_argument("--max_length", type=int, default=256, help="tokens per text (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=52, help="optimizer steps per training run (2 epochs of T0 at 32)")
+    p.add_argument("--iters", type=int, default=2, help="REPAIR iterations (default: %(default)s)")
+    p.add_argument("--max_rounds", type=int, default=3, help="05 -> 06 rounds per iteration (default: %(default)s)")
+    p.add_argument("--summarize", action="store_true", help="print the results table and exit")
+    args = p.parse_args()
+    out = Path(args.out)
+    if args.summarize:
+        print(summarize(out))
+        return
+    study = Study(args)
+    for row in args.rows:
+        for seed in ([0] if row == "offshelf" else args.seeds):
+            key = row if row == "offshelf" else f"{row}_s{seed}"
+            if (study.rows / f"{key}.json").exists():
+                print(f"skip {key} (done)", flush=True)
+                continue
+            t0 = time.time()
+            result = getattr(study, row)(seed)
+            result["wall_seconds"] = round(time.time() - t0)
+            result["settings"] = {k: v for k, v in vars(args).items() if k not in ("rows", "seeds", "summarize")}
+            study.save(key, result)
+    print(summarize(out))
+
+
+if __name__ == "__main__":
+    main()
