@@ -99,7 +99,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--max_ref_chars", type=int, default=S["max_ref_chars"].default,
                    help="each style reference is cut to this many characters (default: %(default)s)")
     g.add_argument("--chunk_size", type=int, default=8,
-                   help="queries per batched generation round; a kill loses at most one chunk (default: %(default)s)")
+                   help="augmented queries per batched generation round (their stage-3 batch is k times larger); a "
+                        "kill loses at most one chunk (default: %(default)s)")
     g.add_argument("--seed", type=int, default=S["seed"].default,
                    help="seeds the ratio choice, random negatives, style references and sampling (default: %(default)s)")
     add_generator_args(p, default_batch_help="8")

@@ -343,14 +343,15 @@ def probe_examples(path: str | Path, n: int, num_hard_negatives: int = -1) -> li
     return out
 
 
-def gradient_probe(retriever, examples: Sequence[ProbeExample], temperature: float) -> dict:
-    """Per-source gradient statistics of InfoNCE at the current weights (Table 3).
+def probe_gradients(retriever, examples: Sequence[ProbeExample], temperature: float) -> dict:
+    """The per-source parts of the InfoNCE gradient at the current weights, as flat vectors.
 
-    For query i with p = softmax(s(q_i, [d+, own negatives]) / tau), the InfoNCE gradient splits exactly into a
-    positive part -(1 - p+) grad s+ / tau and one part p_j grad s_j / tau per negative. We form, with p detached,
-    g_pos = grad of -(1 - p+) s+ / tau and g_src = grad of the mean over that source's negatives of p_j s_j / tau,
-    and report ||g_gen|| / ||g_mined|| (per-negative magnitude ratio), cos(g_pos, g_gen), cos(g_pos, g_mined), and
-    the mean per-negative softmax weights. Parameters are the model's trainable ones (or all when none is).
+    For query i with p = softmax(s(q_i, [d+, own negatives]) / tau), the gradient of -log p+ splits exactly into
+    -(1 - p+) grad s+ / tau and p_j grad s_j / tau for each negative j. With p detached we return
+    ``pos`` = grad sum_i -(1 - p+_i) s+_i / tau and, per source, ``mined`` / ``generated`` = grad of the mean over
+    that source's negatives of p_j s_j / tau (a per-negative gradient), so that
+    grad sum_i InfoNCE_i = pos + n_mined * mined + n_generated * generated. Also returns p, the kind of each
+    document (0 positive, 1 mined, 2 generated) and the counts. Trainable parameters only (all when none is).
     """
     import torch
 
@@ -362,19 +363,15 @@ def gradient_probe(retriever, examples: Sequence[ProbeExample], temperature: flo
     was_training = model.training
     model.eval()  # no dropout: the probe must be a function of the weights only
     try:
-        queries = [e.query for e in examples]
         docs, owner, kind = [], [], []
         for i, e in enumerate(examples):
-            docs.append(e.positive)
-            owner.append(i)
-            kind.append(0)
-            for text, gen in zip(e.negatives, e.generated):
+            for text, k in [(e.positive, 0)] + [(t, 2 if g else 1) for t, g in zip(e.negatives, e.generated)]:
                 docs.append(text)
                 owner.append(i)
-                kind.append(2 if gen else 1)
-        fmt = retriever.format
-        qv = retriever.embed(retriever.collate(retriever.tokenize(fmt(queries, "query"))))
-        dv = retriever.embed(retriever.collate(retriever.tokenize(fmt(docs, "passage"))))
+                kind.append(k)
+        qv = retriever.embed(retriever.collate(retriever.tokenize(retriever.format([e.query for e in examples],
+                                                                                   "query"))))
+        dv = retriever.embed(retriever.collate(retriever.tokenize(retriever.format(docs, "passage"))))
         owner_t = torch.tensor(owner, device=dv.device)
         kind_t = torch.tensor(kind, device=dv.device)
         s = (qv[owner_t] * dv).sum(-1) / temperature
@@ -393,15 +390,25 @@ def gradient_probe(retriever, examples: Sequence[ProbeExample], temperature: flo
         for prm, flag in zip(params, flags):
             prm.requires_grad_(flag)
         model.train(was_training)
+    return {**grads, "p": p.detach(), "kind": kind_t, "n_mined": int((kind_t == 1).sum()),
+            "n_generated": int((kind_t == 2).sum())}
+
+
+def gradient_probe(retriever, examples: Sequence[ProbeExample], temperature: float) -> dict:
+    """Table 3's gradient statistics on a probe batch: the per-negative gradient-norm ratio generated / mined,
+    the alignment cos(g_pos, g_gen) and cos(g_pos, g_mined), and the mean per-negative softmax weights."""
+    import torch
+
+    g = probe_gradients(retriever, examples, temperature)
 
     def cos(a, b) -> float:
         return float(torch.nn.functional.cosine_similarity(a, b, dim=0))
 
-    nm, ng = float(grads["mined"].norm()), float(grads["generated"].norm())
+    nm, ng = float(g["mined"].norm()), float(g["generated"].norm())
+    p, kind = g["p"], g["kind"]
     return {"grad_norm_mined": nm, "grad_norm_generated": ng, "grad_norm_ratio": ng / nm if nm else None,
-            "align_pos_generated": cos(grads["pos"], grads["generated"]),
-            "align_pos_mined": cos(grads["pos"], grads["mined"]),
-            "weight_mined": float(p[kind_t == 1].mean()), "weight_generated": float(p[kind_t == 2].mean()),
+            "align_pos_generated": cos(g["pos"], g["generated"]), "align_pos_mined": cos(g["pos"], g["mined"]),
+            "weight_mined": float(p[kind == 1].mean()), "weight_generated": float(p[kind == 2].mean()),
             "probe_queries": len(examples)}
 
 

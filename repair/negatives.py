@@ -952,8 +952,8 @@ def run_negatives(items: Sequence[NegItem], out_path: str | os.PathLike, config:
     """Write one triplet line per item to ``out_path`` (appended, one complete line at a time).
 
     ``mined_from`` / ``num_mined`` / ``method`` / ``settings.k`` override the configuration's values. Items are
-    processed in chunks of ``chunk_size`` (one batched generator call per stage and attempt); a chunk's lines
-    are appended when it is done, so a kill loses at most one chunk. ``resume`` skips keys already written;
+    processed in chunks holding ``chunk_size`` augmented items (one batched generator call per stage and attempt);
+    a chunk's lines are appended when it is done, so a kill loses at most one chunk. ``resume`` skips keys already written;
     without it an existing non-empty output is an error. The stats JSON (``<out>.stats.json``) is rewritten
     after every chunk.
     """
@@ -997,8 +997,7 @@ def run_negatives(items: Sequence[NegItem], out_path: str | os.PathLike, config:
         bar = tqdm(total=len(todo), desc=f"negatives[{config.name}]", unit="query")
     rng_random = lambda item: random.Random(f"{settings.seed}:{item.key}:random")  # noqa: E731
     with JsonlAppender(out_path) as sink:
-        for start in range(0, len(todo), max(1, chunk_size)):
-            chunk = todo[start:start + max(1, chunk_size)]
+        for chunk in _chunks(todo, aug, max(1, chunk_size)):
             gen_items = [it for it in chunk if it.key in aug]
             generated: dict[str, list[GeneratedNegative]] = {}
             if gen_items and reused is not None:
@@ -1037,6 +1036,21 @@ def run_negatives(items: Sequence[NegItem], out_path: str | os.PathLike, config:
             "mined_from": mined_from, "num_mined": num_mined, "method": method, "ratio": ratio,
             **summary.as_dict(), "generation": gstats.as_dict(), "file": file_summary(out_path),
             "trainer_flags": config.trainer_flags()}
+
+
+def _chunks(items: Sequence[NegItem], augmented: set[str], size: int) -> Iterable[list[NegItem]]:
+    """Consecutive runs of items holding ``size`` augmented items each (plus the cheap others between them), so
+    every generator call gets a full batch whatever the ratio; without augmentation, runs of ``size`` items."""
+    chunk: list[NegItem] = []
+    n_aug = 0
+    for item in items:
+        chunk.append(item)
+        n_aug += item.key in augmented
+        if (n_aug if augmented else len(chunk)) >= size:
+            yield chunk
+            chunk, n_aug = [], 0
+    if chunk:
+        yield chunk
 
 
 def file_summary(path: str | os.PathLike) -> dict:
