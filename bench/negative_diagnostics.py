@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from repair.cli import add_retriever_args, fail, load_retriever  # noqa: E402
 from repair.data import DataError  # noqa: E402
 from repair.negative_diagnostics import (diagnose, dump, embed_set, markdown_table, plot_clusters,  # noqa: E402
-                                         plot_dynamics, plot_similarities, read_negative_sets, read_train_log,
-                                         weight_dynamics)
+                                         plot_dynamics, plot_similarities, probe_run, read_negative_sets,
+                                         read_train_log, weight_dynamics)
 from repair.runtime import setup_logging  # noqa: E402
 
 
@@ -93,11 +93,8 @@ def main(argv=None) -> dict:
     for name, path in logs.items():
         dynamics.setdefault(name, {})["weights"] = weight_dynamics(read_train_log(path), args.windows)
     if probes:
-        from repair.negative_diagnostics import probe_run
-
         for name, run_dir in probes.items():
-            dynamics.setdefault(name, {})["probes"] = probe_run(run_dir, args.probe_size, device=args.device,
-                                                                progress=not args.no_progress)
+            dynamics.setdefault(name, {})["probes"] = probe_run(run_dir, args.probe_size, device=args.device)
     if dynamics:
         plot_dynamics(dynamics, out_dir / "dynamics.png")
     md = [f"# Negative diagnostics\n", f"Triplets: {', '.join(args.triplets)}; {res['n_queries']} queries; "

@@ -412,6 +412,55 @@ def gradient_probe(retriever, examples: Sequence[ProbeExample], temperature: flo
             "probe_queries": len(examples)}
 
 
+def probe_run(run_dir: str | Path, n: int = 16, device: str | None = None) -> list[dict]:
+    """:func:`gradient_probe` at the start of a training run and at each of its checkpoints (Table 3 over training).
+
+    The run's ``training_args.json`` gives the model, the triplets and the temperature; the probe batch is the
+    first ``n`` triplet lines with both mined and generated negatives (as many negatives as the run used). The
+    model is rebuilt as the trainer built it, then each ``checkpoints/step-N/trainable.pt`` is loaded into it.
+    Keep every checkpoint (``--save_total_limit 0``) to see the whole trajectory.
+    """
+    import torch
+
+    from .data import read_json
+    from .runtime import pick_device
+    from .train import ARGS_FILE, TrainConfig, build_retriever, list_checkpoints
+    from .train_data import expand_paths
+
+    run_dir = Path(run_dir)
+    saved = read_json(run_dir / ARGS_FILE)
+    fields = TrainConfig.__dataclass_fields__
+    cfg = TrainConfig(**{k: v for k, v in saved.items() if k in fields and k != "output_dir"},
+                      output_dir=str(run_dir))
+    cfg.device, cfg.gradient_checkpointing, cfg.init_lora_weights = device, "off", True
+    examples: list[ProbeExample] = []
+    for path in expand_paths(cfg.triplets):
+        examples += probe_examples(path, n - len(examples), cfg.num_hard_negatives)
+        if len(examples) >= n:
+            break
+    if not examples:
+        raise DataError(f"{run_dir}: none of the run's triplets ({cfg.triplets}) has both mined and generated "
+                        f"negatives; nothing to probe")
+    retriever, _ = build_retriever(cfg, pick_device(device))
+    params = dict((name, prm) for name, prm in retriever.model.named_parameters() if prm.requires_grad)
+    points = [(0, None)] + [(int(c.name.split("-")[1]), c) for c in list_checkpoints(run_dir)]
+    out = []
+    for step, ckpt in points:
+        if ckpt is not None:
+            weights = torch.load(ckpt / "trainable.pt", map_location="cpu", weights_only=True)
+            if set(weights) != set(params):
+                raise DataError(f"{ckpt}/trainable.pt does not hold this run's trainable parameters")
+            with torch.no_grad():
+                for name, prm in params.items():
+                    prm.copy_(weights[name].to(prm.device, prm.dtype))
+        stats = gradient_probe(retriever, examples, cfg.temperature)
+        wm, wg = stats["weight_mined"], stats["weight_generated"]
+        out.append({"step": step, **stats, "weight_ratio": wg / wm if wm else None})
+        logger.info("%s step %d: grad-norm ratio gen/mined %.3g, cos(g+, g_gen) %.3f", run_dir.name, step,
+                    stats["grad_norm_ratio"] or float("nan"), stats["align_pos_generated"])
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- plots
 GROUP_COLORS = {QUERY: "#1f77b4", POSITIVE: "#2ca02c", "mined": "#7f7f7f", "random": "#bcbd22",
                 "vanilla": "#d62728", "cot": "#9467bd", "generated": "#ff7f0e"}

@@ -697,7 +697,6 @@ class _Task:
     meta: dict = field(default_factory=dict)
     result: Any = None
     attempts: int = 0
-    last_reason: str = ""
 
 
 def _call_seed(settings: GenerationSettings, tasks: Sequence[_Task], attempt: int) -> int:
@@ -725,7 +724,6 @@ def _run_tasks(generator, tasks: list[_Task], settings: GenerationSettings, stat
                 value, reason = task.parse(raw)
                 if value is None:
                     stats.rejected[task.stage][reason] += 1
-                    task.last_reason = reason
                     logger.debug("%s %s rejected (%s): %r", task.stage, task.owner, reason, raw[:200])
                 else:
                     stats.ok[task.stage] += 1
