@@ -144,7 +144,7 @@ def _faiss_topk(q: torch.Tensor, d: torch.Tensor, k: int, query_chunk: int, doc_
     return scores[:, :k], ids[:, :k]
 
 
-def exact_topk(queries, docs, k: int, *, backend: Backend = "auto", query_chunk: int = 4096,
+def exact_topk(queries, docs, k: int, *, backend: Backend = "auto", query_chunk: int = 1024,
                doc_chunk: int = 65536, device: str | torch.device | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` documents of every query by inner product. Returns float32 scores and int64 indices [Q, k'].
 

@@ -1,0 +1,257 @@
+"""The run report of ``run_repair.sh``: what each iteration found, produced, kept and gained.
+
+It only reads the files the stages wrote (DESIGN 4) — nothing is recomputed — so the numbers in the
+report are the numbers of the run: |Q_conf|, |C_conf|, generated / verified / kept tuples, training loss,
+wall time per stage, and the eval metrics before and after every iteration, plus PNG plots of the margin
+distribution per iteration and of positive vs hard-negative scores of the kept triplets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from .data import iter_jsonl, read_json
+
+logger = logging.getLogger(__name__)
+
+STAGES = {"diagnosis": ("01_", "02_", "03_", "04_"), "expansion": ("05_", "06_"),
+          "differentiation": ("07_", "08_", "09_", "10_counterfactual"), "training": ("10_train",),
+          "eval": ("eval",)}
+
+
+def _maybe_json(path: Path) -> Any:
+    return read_json(path) if path.exists() else None
+
+
+def _iter_dirs(run_dir: Path) -> list[int]:
+    return sorted(int(p.name[4:]) for p in run_dir.glob("iter*") if p.name[4:].isdigit())
+
+
+def _stage_seconds(run_dir: Path, k: int) -> dict[str, float]:
+    """Wall seconds per stage from the driver's done-markers (each holds the step's seconds)."""
+    out: dict[str, float] = {}
+    for marker in (run_dir / ".state").glob(f"iter{k}.*.done"):
+        step = marker.name[len(f"iter{k}."):-len(".done")]
+        try:
+            seconds = float(marker.read_text().strip() or 0)
+        except ValueError:
+            continue
+        for stage, prefixes in STAGES.items():
+            if step.startswith(prefixes) and not (stage == "differentiation" and step.startswith("10_train")):
+                out[stage] = out.get(stage, 0.0) + seconds
+                break
+    return out
+
+
+def _headlines(eval_json: dict | None) -> dict[str, float]:
+    if not eval_json:
+        return {}
+    out = {}
+    for row in eval_json.get("results", []):
+        name = f"{row['dataset']} {row['headline']}"
+        out[name] = float(row[row["headline"]])
+    return out
+
+
+def _train_summary(adapter_dir: Path) -> dict:
+    log = adapter_dir / "train_log.jsonl"
+    if not log.exists():
+        return {}
+    losses = [r["loss"] for r in iter_jsonl(log) if isinstance(r.get("loss"), (int, float))]
+    if not losses:
+        return {}
+    tail = losses[-max(1, len(losses) // 5):]
+    return {"steps": len(losses), "first_loss": losses[0], "last_loss": losses[-1],
+            "mean_loss_last_20pct": sum(tail) / len(tail), "losses": losses}
+
+
+def collect(run_dir: str | Path, pct: int = 30) -> dict:
+    """Everything the report shows, read from the run folder."""
+    run_dir = Path(run_dir)
+    pp = f"{pct:02d}"
+    iterations = []
+    for k in _iter_dirs(run_dir):
+        it = run_dir / f"iter{k}"
+        row: dict[str, Any] = {"iter": k, "eval": _headlines(_maybe_json(it / "eval" / "eval.json"))}
+        if k > 0:
+            meta = _maybe_json(it / "diagnosis" / "01.train_diagnosis_meta.cos_percentile.json") or {}
+            row["t0"] = (meta.get("t0") or {}).get("rows")
+            row["q_conf"] = ((meta.get("percentiles") or {}).get(str(pct)) or {}).get("confused")
+            row["margin_stats"] = meta.get("margin_stats")
+            terms = _maybe_json(it / "diagnosis" / "PathAB_terms" / f"final_terms.bottom_{pp}pct.json") or {}
+            row["c_conf"] = (terms.get("counts") or {}).get("union_total")
+            rounds = it / "expansion" / f"generated.bottom_{pp}pct.jsonl.rounds.jsonl"
+            if rounds.exists():
+                recs = list(iter_jsonl(rounds))
+                row["generated"] = sum(r.get("generated", 0) for r in recs)
+                row["generated_accepted"] = sum(r.get("accepted", 0) for r in recs)
+            expansion = it / "expansion" / f"expansion.bottom_{pp}pct.jsonl"
+            if expansion.exists():
+                row["verified"] = sum(1 for _ in iter_jsonl(expansion))
+            stats = _maybe_json(it / "differentiation" / "consistency_stats.json") or {}
+            row["kept"] = stats.get("kept")
+            row["kept_rate"] = stats.get("kept_rate")
+            row["train"] = _train_summary(it / "adapter")
+            row["seconds"] = _stage_seconds(run_dir, k)
+        else:
+            row["seconds"] = _stage_seconds(run_dir, 0)
+        iterations.append(row)
+    return {"run_dir": str(run_dir), "pct": pct, "iterations": iterations}
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}" if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def metrics_table(summary: dict) -> str:
+    """Markdown table: one row per iteration (0 = before training), one column per eval headline."""
+    names: list[str] = []
+    for it in summary["iterations"]:
+        names += [n for n in it["eval"] if n not in names]
+    if not names:
+        return "(no evaluation results)"
+    base = summary["iterations"][0]["eval"] if summary["iterations"] else {}
+    lines = ["| iteration | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for it in summary["iterations"]:
+        cells = []
+        for n in names:
+            v = it["eval"].get(n)
+            delta = "" if v is None or n not in base or it["iter"] == 0 else f" ({v - base[n]:+.4f})"
+            cells.append(_fmt(v) + delta)
+        label = "0 (before)" if it["iter"] == 0 else str(it["iter"])
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def counts_table(summary: dict) -> str:
+    cols = [("|T0|", "t0"), ("|Q_conf|", "q_conf"), ("|C_conf|", "c_conf"), ("generated", "generated"),
+            ("accepted", "generated_accepted"), ("verified", "verified"), ("kept", "kept")]
+    lines = ["| iteration | " + " | ".join(c for c, _ in cols) + " | kept rate | train loss first → last |",
+             "|---" * (len(cols) + 3) + "|"]
+    for it in summary["iterations"]:
+        if it["iter"] == 0:
+            continue
+        train = it.get("train") or {}
+        loss = f"{_fmt(train.get('first_loss'))} → {_fmt(train.get('last_loss'))}" if train else "–"
+        rate = it.get("kept_rate")
+        lines.append(f"| {it['iter']} | " + " | ".join(_fmt(it.get(key)) for _, key in cols)
+                     + f" | {_fmt(rate, 3) if rate is not None else '–'} | {loss} |")
+    return "\n".join(lines)
+
+
+def time_table(summary: dict) -> str:
+    stages = list(STAGES)
+    lines = ["| iteration | " + " | ".join(stages) + " | total |", "|---" * (len(stages) + 2) + "|"]
+    for it in summary["iterations"]:
+        sec = it.get("seconds") or {}
+        total = sum(sec.values())
+        lines.append(f"| {it['iter']} | " + " | ".join(f"{sec[s]:.0f} s" if s in sec else "–" for s in stages)
+                     + f" | {total:.0f} s |")
+    return "\n".join(lines)
+
+
+def plot(run_dir: str | Path, summary: dict) -> list[str]:
+    """PNG plots next to the report; returns their file names (empty if matplotlib is missing)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("matplotlib is not installed: no plots")
+        return []
+    run_dir = Path(run_dir)
+    pp = f"{summary['pct']:02d}"
+    made = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    drawn = False
+    for it in summary["iterations"]:
+        path = run_dir / f"iter{it['iter']}" / "diagnosis" / "01.train_all_query_margins.cos.jsonl"
+        if it["iter"] == 0 or not path.exists():
+            continue
+        margins = [r["margin_cos"] for r in iter_jsonl(path)]
+        ax.hist(margins, bins=40, alpha=0.5, label=f"iteration {it['iter']} (retriever before its training)")
+        drawn = True
+    if drawn:
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_xlabel("margin s(q, d+) - max s(q, d-)  (Eq. 1)")
+        ax.set_ylabel("T0 queries")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(run_dir / "margins.png", dpi=120)
+        made.append("margins.png")
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    drawn = False
+    for it in summary["iterations"]:
+        final = run_dir / f"iter{it['iter']}" / "differentiation" / f"final_train_data.bottom_{pp}pct.jsonl"
+        if it["iter"] == 0 or not final.exists():
+            continue
+        pos, neg = [], []
+        for rec in iter_jsonl(final):
+            if isinstance(rec.get("pos_score"), (int, float)):
+                pos.append(rec["pos_score"])
+            scores = rec.get("hard_negative_scores") or []
+            if scores and isinstance(scores[0], (int, float)):
+                neg.append(scores[0])
+        if pos:
+            ax.hist(pos, bins=30, alpha=0.45, label=f"iter {it['iter']}: s(q_new, d+)")
+        if neg:
+            ax.hist(neg, bins=30, alpha=0.45, label=f"iter {it['iter']}: s(q_new, d-)")
+        drawn = drawn or bool(pos or neg)
+    if drawn:
+        ax.set_xlabel("cosine score under the retriever that selected them")
+        ax.set_ylabel("kept triplets")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(run_dir / "triplet_scores.png", dpi=120)
+        made.append("triplet_scores.png")
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    drawn = False
+    for it in summary["iterations"]:
+        losses = (it.get("train") or {}).get("losses")
+        if losses:
+            ax.plot(range(1, len(losses) + 1), losses, label=f"iteration {it['iter']}")
+            drawn = True
+    if drawn:
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("InfoNCE loss (+ QEM)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(run_dir / "train_loss.png", dpi=120)
+        made.append("train_loss.png")
+    plt.close(fig)
+    return made
+
+
+def write_report(run_dir: str | Path, pct: int = 30) -> tuple[Path, dict]:
+    """Write ``report.md`` (+ ``report.json`` and PNGs) into the run folder; returns its path and the data."""
+    run_dir = Path(run_dir)
+    summary = collect(run_dir, pct)
+    images = plot(run_dir, summary)
+    parts = [f"# REPAIR run report: `{run_dir}`", "",
+             "## Evaluation (headline metric per dataset; iteration 0 = the starting retriever; "
+             "in brackets: change from iteration 0)", "", metrics_table(summary), "",
+             "## What each iteration produced", "", counts_table(summary), "",
+             "generated = queries the generator wrote; accepted = those that survived cleaning; verified = "
+             "tuples the literature source confirmed (top hit title = q_new, its abstract = d+); kept = tuples "
+             "that passed the consistency filter (Eq. 6) and became training triplets.", "",
+             "## Wall time per stage", "", time_table(summary), ""]
+    for image in images:
+        parts += [f"![{image}]({image})", ""]
+    for_json = json.loads(json.dumps(summary, default=str))
+    for it in for_json["iterations"]:
+        (it.get("train") or {}).pop("losses", None)
+    path = run_dir / "report.md"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    (run_dir / "report.json").write_text(json.dumps(for_json, indent=1), encoding="utf-8")
+    return path, summary

@@ -1,0 +1,556 @@
+"""The REPAIR trainer (DESIGN 5 step 10; paper App. A.2): LoRA (or full) contrastive fine-tuning of a retriever.
+
+One optimizer step = one global batch of examples, embedded by the foundation :class:`Retriever` (the very
+code path inference uses), with the InfoNCE loss of Eq. 8 (+ CausalNeg's QEM) over all documents of the
+batch, gradient-cached (:mod:`repair.gradcache`) so the global batch (256 in the paper) fits one device, and
+spread over ``torchrun`` ranks with all-gathered negatives. AdamW, linear warmup + decay, gradient clipping.
+
+Everything needed to continue is checkpointed (trainable weights, optimizer, scheduler, RNG, step); the data
+order of an epoch is a pure function of (seed, epoch), so the step number alone says where to continue and a
+resumed run ends with the weights an uninterrupted run would have. The final folder is a ``save_pretrained``
+adapter (or full model) + tokenizer + ``training_args.json`` + ``train_log.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .data import JsonlAppender, read_json, write_json, write_jsonl
+from .encoding import Retriever
+from .gradcache import allreduce_gradients, contrastive_step
+from .losses import contrastive_objective
+from .models import ENCODER_MODEL_TYPES, ModelSpec, resolve_model
+from .runtime import dist_info, pick_device, set_seed
+from .train_data import TrainingData, build_layout, epoch_order, load_training_data, stats_table
+
+logger = logging.getLogger(__name__)
+
+DECODER_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ENCODER_LORA_TARGETS = ("query", "key", "value", "dense")
+CHECKPOINTS = "checkpoints"
+TRAIN_LOG = "train_log.jsonl"
+ARGS_FILE = "training_args.json"
+# settings that fix the data order and the schedule: a resumed run must use the same ones
+RESUME_KEYS = ("model", "init_adapter", "train_data", "split", "all_positives", "triplets", "num_hard_negatives",
+               "max_examples", "global_batch_size", "epochs", "max_steps", "seed", "full_finetune", "lora_r",
+               "lora_alpha", "lora_target_modules", "max_length", "instruction", "pooling")
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a run (the CLI flags of ``training/10_train_lora.py``; defaults are the paper's)."""
+
+    output_dir: str
+    model: str = "smollm2-135m"
+    init_adapter: str | None = None
+    train_data: list[str] = field(default_factory=list)
+    split: str = "train"
+    all_positives: bool = False
+    triplets: list[str] = field(default_factory=list)
+    num_hard_negatives: int = 1
+    max_examples: int | None = None
+    instruction: str | None = None
+    pooling: str | None = None
+    max_length: int = 512
+    epochs: int = 2
+    max_steps: int = -1
+    global_batch_size: int = 256
+    mini_batch_size: int = 32
+    lr: float = 2e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    warmup_steps: int = -1
+    max_grad_norm: float = 1.0
+    temperature: float = 0.02
+    qem_lambda: float = 0.1
+    qem_tau: float = 0.1
+    full_finetune: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_target_modules: list[str] | None = None
+    init_lora_weights: bool = True
+    save_steps: int = 500
+    save_total_limit: int = 2
+    logging_steps: int = 10
+    logging_dir: str | None = None
+    seed: int = 42
+    device: str | None = None
+    base_dtype: str = "auto"
+    gradient_checkpointing: str = "auto"
+    trust_remote_code: bool = False
+    resume: bool = False
+    overwrite_output_dir: bool = False
+    stop_after_steps: int | None = None
+    show_progress: bool = True
+
+    def validate(self) -> None:
+        if self.global_batch_size < 1 or self.mini_batch_size < 1:
+            raise ValueError("--global_batch_size and --mini_batch_size must be >= 1")
+        if self.temperature <= 0 or self.qem_tau <= 0:
+            raise ValueError("--temperature and --qem_tau must be > 0")
+        if self.epochs < 1 and self.max_steps <= 0:
+            raise ValueError("--epochs must be >= 1 (or give --max_steps)")
+        if self.base_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"--base_dtype must be auto|float32|bfloat16|float16, got {self.base_dtype!r}")
+        if self.gradient_checkpointing not in ("auto", "on", "off"):
+            raise ValueError("--gradient_checkpointing must be auto|on|off")
+        if self.full_finetune and self.init_adapter:
+            raise ValueError("--full_finetune and --init_adapter exclude each other (a full model is its own base)")
+
+
+# ---------------------------------------------------------------------------------------------- model
+def lora_targets(model: torch.nn.Module, requested: Sequence[str] | None) -> list[str]:
+    """LoRA target module names: the requested ones, else every attention + MLP projection of the
+    architecture (decoder: q,k,v,o,gate,up,down; BERT-like encoder: query,key,value,dense) present in it."""
+    present = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)}
+    if requested:
+        missing = [t for t in requested if t not in present]
+        if missing:
+            raise ValueError(f"--lora_target_modules {missing} match no linear layer of this model "
+                             f"(its linear layers: {sorted(present)})")
+        return list(requested)
+    model_type = getattr(getattr(model, "config", None), "model_type", "")
+    wanted = ENCODER_LORA_TARGETS if model_type in ENCODER_MODEL_TYPES else DECODER_LORA_TARGETS
+    targets = [t for t in wanted if t in present]
+    if not targets:
+        raise ValueError(f"no default LoRA targets found in model type {model_type!r} (linear layers: "
+                         f"{sorted(present)}); pass --lora_target_modules")
+    return targets
+
+
+def _base_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
+    """fp32 on CPU. On CUDA a frozen LoRA backbone is held in bf16 (adapters stay fp32, autocast bf16);
+    full fine-tuning keeps fp32 master weights under bf16 autocast."""
+    if cfg.base_dtype != "auto":
+        return getattr(torch, cfg.base_dtype)
+    if device.type == "cuda" and not cfg.full_finetune:
+        return torch.bfloat16
+    return torch.float32
+
+
+def build_retriever(cfg: TrainConfig, device: torch.device) -> tuple[Retriever, ModelSpec]:
+    """Base from ``AutoModel`` + a fresh LoRA (or ``--init_adapter`` made trainable, or all weights trainable),
+    wrapped in the foundation Retriever so pooling and text formats are the inference ones."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModel, AutoTokenizer
+
+    spec = resolve_model(cfg.model, cfg.pooling, cfg.trust_remote_code)
+    tok_source = spec.path
+    if cfg.init_adapter:
+        if not (Path(cfg.init_adapter) / "adapter_config.json").exists():
+            raise FileNotFoundError(f"{cfg.init_adapter}: not a LoRA adapter folder (no adapter_config.json)")
+        if (Path(cfg.init_adapter) / "tokenizer_config.json").exists():
+            tok_source = cfg.init_adapter
+    tokenizer = AutoTokenizer.from_pretrained(tok_source, trust_remote_code=cfg.trust_remote_code)
+    base = AutoModel.from_pretrained(spec.path, dtype=_base_dtype(cfg, device),
+                                     trust_remote_code=cfg.trust_remote_code)
+    if hasattr(base.config, "use_cache"):
+        base.config.use_cache = False
+    if cfg.full_finetune:
+        model = base
+        for p in model.parameters():
+            p.requires_grad_(True)
+    elif cfg.init_adapter:
+        model = PeftModel.from_pretrained(base, cfg.init_adapter, is_trainable=True)
+        model.peft_config["default"].base_model_name_or_path = spec.path
+    else:
+        lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                          target_modules=lora_targets(base, cfg.lora_target_modules), bias="none",
+                          init_lora_weights=cfg.init_lora_weights, base_model_name_or_path=spec.path)
+        model = get_peft_model(base, lora)
+        model.peft_config["default"].base_model_name_or_path = spec.path
+    use_ckpt = cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto" and device.type == "cuda")
+    if use_ckpt:
+        enable_activation_checkpointing(base)
+    model.to(device)
+    model.train()
+    retriever = Retriever(model, tokenizer, pooling=spec.pooling, max_length=cfg.max_length, device=device,
+                          identity=None, name=spec.name)
+    return retriever, spec
+
+
+def enable_activation_checkpointing(model) -> None:
+    """Recompute activations in backward (App. A.2: gradient checkpointing); non-reentrant, so a frozen
+    embedding layer needs no input-grad hack. transformers >= 5 renamed the method."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def build_optimizer(named: list[tuple[str, torch.nn.Parameter]], cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW (App. A.2); biases and normalisation weights are not decayed (the usual BERT/HF practice)."""
+    decay = [p for n, p in named if p.ndim >= 2 and "norm" not in n.lower()]
+    no_decay = [p for n, p in named if not (p.ndim >= 2 and "norm" not in n.lower())]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr)
+
+
+def linear_schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup from 0 to lr over ``warmup`` steps, then linear decay to 0 at ``total`` (transformers'
+    schedule, so runs compare with sentence-transformers / HF Trainer runs that use the same flags)."""
+    from transformers import get_linear_schedule_with_warmup
+
+    return get_linear_schedule_with_warmup(optimizer, warmup, total)
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+def _rng_snapshot(device: torch.device) -> dict:
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+            "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+            "python": [py_state[0], list(py_state[1]), py_state[2]]}
+
+
+def _restore_rng(snap: dict, device: torch.device) -> None:
+    torch.set_rng_state(snap["torch"])
+    if snap.get("cuda") is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(snap["cuda"], device)
+    n = snap["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    p = snap["python"]
+    random.setstate((p[0], tuple(p[1]), p[2]))
+
+
+def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints (``state.json`` present), oldest first. Half-written ones never get this name."""
+    root = Path(output_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [d for d in root.glob("step-*") if (d / "state.json").exists()]
+    return sorted(found, key=lambda d: int(d.name.split("-")[1]))
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        torch.distributed.barrier()
+
+
+def save_checkpoint(output_dir: Path, step: int, retriever: Retriever, optimizer, scheduler, cfg: TrainConfig,
+                    rank: int, world: int) -> Path:
+    """Write ``checkpoints/step-N`` atomically: into a temp folder (every rank adds its RNG state), renamed last."""
+    root = output_dir / CHECKPOINTS
+    final = root / f"step-{step:07d}"
+    tmp = root / f".tmp-step-{step:07d}"
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    _barrier(world)
+    torch.save(_rng_snapshot(retriever.device), tmp / f"rng-rank{rank}.pt")
+    _barrier(world)
+    if rank == 0:
+        model = retriever.model
+        torch.save({n: p.detach().cpu() for n, p in trainable_parameters(model)}, tmp / "trainable.pt")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        if not cfg.full_finetune:  # a checkpoint is also a loadable adapter (small), for mid-run evaluation
+            model.save_pretrained(tmp)
+            retriever.tokenizer.save_pretrained(tmp)
+        write_json(tmp / "state.json", {"step": step, "world_size": world, "time": time.time(),
+                                        "settings": {k: getattr(cfg, k) for k in RESUME_KEYS}})
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in list_checkpoints(output_dir)[:-cfg.save_total_limit] if cfg.save_total_limit > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    _barrier(world)
+    return final
+
+
+def load_checkpoint(ckpt: Path, retriever: Retriever, optimizer, scheduler, cfg: TrainConfig, rank: int) -> int:
+    """Restore weights, optimizer, scheduler and this rank's RNG; return the step to continue from."""
+    state = read_json(ckpt / "state.json")
+    saved = state.get("settings", {})
+    changed = {k: (saved.get(k), getattr(cfg, k)) for k in RESUME_KEYS if k in saved and saved[k] != getattr(cfg, k)}
+    if changed:
+        detail = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in changed.items())
+        raise ValueError(f"{ckpt}: cannot resume with different settings ({detail}); use a new --output_dir")
+    weights = torch.load(ckpt / "trainable.pt", map_location="cpu", weights_only=True)
+    params = dict(trainable_parameters(retriever.model))
+    if set(weights) != set(params):
+        raise ValueError(f"{ckpt}/trainable.pt does not hold this model's trainable parameters")
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(weights[name].to(p.device, p.dtype))
+    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location=retriever.device, weights_only=True))
+    scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=True))
+    rng_file = ckpt / f"rng-rank{rank}.pt"
+    if rng_file.exists():
+        _restore_rng(torch.load(rng_file, weights_only=True), retriever.device)
+    else:
+        logger.warning("%s: no RNG state for rank %d (world size changed?); dropout streams restart", ckpt, rank)
+        set_seed(cfg.seed + rank + int(state["step"]))
+    return int(state["step"])
+
+
+def _trim_log(path: Path, step: int) -> None:
+    """Drop log lines of steps after the checkpoint (a killed run may have logged past it)."""
+    if not path.exists():
+        return
+    keep = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and row.get("step", 0) <= step:
+                keep.append(row)
+    write_jsonl(path, keep)
+
+
+def _final_exists(output_dir: Path) -> bool:
+    return (output_dir / ARGS_FILE).exists() and ((output_dir / "adapter_config.json").exists()
+                                                 or (output_dir / "config.json").exists())
+
+
+def _check_output_dir(cfg: TrainConfig, output_dir: Path) -> bool:
+    """Whether the folder holds an earlier run; refuse to mix runs unless --resume or --overwrite_output_dir."""
+    busy = bool(_final_exists(output_dir) or list_checkpoints(output_dir) or (output_dir / TRAIN_LOG).exists())
+    if busy and not (cfg.resume or cfg.overwrite_output_dir):
+        raise FileExistsError(f"{output_dir} already holds a run; pass --resume to continue it or "
+                              f"--overwrite_output_dir to start over")
+    return busy
+
+
+def _clear_output_dir(output_dir: Path) -> None:
+    for name in (CHECKPOINTS, TRAIN_LOG, ARGS_FILE, "runs", "adapter_config.json", "adapter_model.safetensors",
+                 "config.json", "model.safetensors"):
+        target = output_dir / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+
+
+# ---------------------------------------------------------------------------------------------- loop
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def run_settings(cfg: TrainConfig, spec: ModelSpec, retriever: Retriever, data: TrainingData, world: int,
+                 total_steps: int, warmup: int, lora_modules: list[str] | None) -> dict:
+    """training_args.json: the flags, what they resolved to, and the data that was read."""
+    import peft
+    import transformers
+
+    out = asdict(cfg)
+    out.update({
+        "model_alias": spec.name, "base_model_name_or_path": spec.path, "pooling": retriever.pooling,
+        "text_format": retriever.text_format.__dict__,
+        "instruction_used": retriever.text_format.instruction if cfg.instruction is None else cfg.instruction,
+        "padding_side": retriever.padding_side, "lora_target_modules_used": lora_modules, "world_size": world,
+        "total_steps": total_steps, "warmup_steps_used": warmup, "examples": len(data),
+        "data_sources": [asdict(s) for s in data.sources],
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__},
+    })
+    return out
+
+
+def optimizer_step(retriever: Retriever, layout, cfg: TrainConfig, optimizer, scheduler,
+                   params: list[torch.nn.Parameter], rank: int, world: int, autocast: torch.dtype | None) -> dict:
+    """One optimizer step on one global batch: gradient-cached forward/backward, cross-rank gradient sum,
+    clipping, AdamW, schedule. Returns the step's statistics (lr is the one the step used)."""
+    targets = layout.targets.to(retriever.device)
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    optimizer.zero_grad(set_to_none=True)
+    stats = contrastive_step(
+        retriever, layout,
+        lambda q, d: contrastive_objective(q, d, targets, cfg.temperature, cfg.qem_lambda, cfg.qem_tau),
+        mini_batch_size=cfg.mini_batch_size, instruction=cfg.instruction, rank=rank, world=world,
+        autocast_dtype=autocast)
+    allreduce_gradients(params, world)
+    norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
+    lr = scheduler.get_last_lr()[0]
+    optimizer.step()
+    scheduler.step()
+    return {"lr": lr, "grad_norm": float(norm), **stats, "queries": layout.n_queries,
+            "documents": len(layout.documents), "seconds": time.perf_counter() - t0,
+            "cpu_seconds": time.process_time() - cpu0}
+
+
+class StepLog:
+    """Rank 0's record of every step: ``train_log.jsonl`` (one line per step), TensorBoard scalars, and a
+    stdout line every ``logging_steps``. On resume, lines logged after the checkpoint are dropped first."""
+
+    def __init__(self, output_dir: Path, cfg: TrainConfig, start_step: int):
+        path = output_dir / TRAIN_LOG
+        if start_step:
+            _trim_log(path, start_step)
+        elif path.exists():
+            path.unlink()
+        self.every = max(1, cfg.logging_steps)
+        self.appender = JsonlAppender(path, fsync=False)
+        self.writer = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(cfg.logging_dir or str(output_dir / "runs"),
+                                        purge_step=start_step + 1 if start_step else None)
+        except ImportError:  # tensorboard is in requirements.txt; keep training if a user removed it
+            logger.warning("tensorboard is not installed: logging to stdout and %s only", TRAIN_LOG)
+
+    def write(self, row: dict, total_steps: int) -> None:
+        step = row["step"]
+        self.appender.append(row)
+        if self.writer is not None:
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.writer.add_scalar(f"train/{key}", value, step)
+        if step % self.every == 0 or step == total_steps:
+            logger.info("step %d/%d loss %s lr %.3g gnorm %s pos %s neg %s w[mined] %s w[gen] %s w[in-batch] %s "
+                        "%.2fs", step, total_steps, _fmt(row["loss"]), row["lr"], _fmt(row["grad_norm"]),
+                        _fmt(row["pos_sim"]), _fmt(row["neg_sim"]), _fmt(row["weight_mined"]),
+                        _fmt(row["weight_generated"]), _fmt(row["weight_in_batch"]), row["seconds"])
+
+    def close(self) -> None:
+        self.appender.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Run (or resume) training; returns a summary. Works in one process or under an initialised
+    torch.distributed group (``torchrun``), where every rank calls it with the same config."""
+    cfg.validate()
+    rank, world = dist_info()
+    output_dir = Path(cfg.output_dir)
+    if cfg.resume and not cfg.overwrite_output_dir and _final_exists(output_dir):
+        logger.info("%s: training already finished; nothing to resume", output_dir)
+        return {**read_json(output_dir / ARGS_FILE).get("result", {}), "status": "already_finished"}
+    busy = _check_output_dir(cfg, output_dir)  # every rank checks, so every rank raises alike
+    _barrier(world)
+    if rank == 0:
+        if busy and cfg.overwrite_output_dir:
+            _clear_output_dir(output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+    _barrier(world)
+    device = pick_device(cfg.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    set_seed(cfg.seed)
+    data = load_training_data(cfg.train_data, cfg.triplets, split=cfg.split, all_positives=cfg.all_positives,
+                              num_hard_negatives=cfg.num_hard_negatives, max_examples=cfg.max_examples)
+    if rank == 0:
+        logger.info("training data:\n%s", stats_table(data))
+    retriever, spec = build_retriever(cfg, device)
+    set_seed(cfg.seed + rank)  # identical weights on every rank above; own dropout stream per rank from here
+    named = trainable_parameters(retriever.model)
+    params = [p for _, p in named]
+    if world > 1:
+        for p in params:
+            torch.distributed.broadcast(p.data, src=0)
+    lora_modules = None if cfg.full_finetune else sorted(retriever.model.peft_config["default"].target_modules)
+    optimizer = build_optimizer(named, cfg)
+    steps_per_epoch = math.ceil(len(data) / cfg.global_batch_size)
+    total_steps = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * steps_per_epoch
+    warmup = cfg.warmup_steps if cfg.warmup_steps >= 0 else math.ceil(cfg.warmup_ratio * total_steps)
+    scheduler = linear_schedule(optimizer, warmup, total_steps)
+    settings = run_settings(cfg, spec, retriever, data, world, total_steps, warmup, lora_modules)
+
+    step = 0
+    ckpts = list_checkpoints(output_dir) if cfg.resume else []
+    if ckpts:
+        step = load_checkpoint(ckpts[-1], retriever, optimizer, scheduler, cfg, rank)
+        logger.info("resumed from %s (step %d of %d)", ckpts[-1], step, total_steps)
+    elif cfg.resume:
+        logger.info("--resume: no checkpoint in %s, starting from step 0", output_dir)
+    step_log = StepLog(output_dir, cfg, step) if rank == 0 else None
+    if rank == 0:
+        write_json(output_dir / ARGS_FILE, settings)
+    autocast = torch.bfloat16 if device.type == "cuda" else None
+    bar = tqdm(total=total_steps, initial=step, desc="train", unit="step",
+               disable=rank != 0 or not cfg.show_progress, mininterval=1.0)
+    stopped_early = False
+    steps_this_run = 0
+    last: dict = {}
+    order, order_epoch = None, -1
+    try:
+        while step < total_steps:
+            epoch, b = divmod(step, steps_per_epoch)
+            if epoch != order_epoch:
+                order, order_epoch = epoch_order(len(data), cfg.seed, epoch), epoch
+            batch = [data.examples[i] for i in order[b * cfg.global_batch_size:(b + 1) * cfg.global_batch_size]]
+            last = optimizer_step(retriever, build_layout(batch, data.positives_of, world), cfg, optimizer,
+                                  scheduler, params, rank, world, autocast)
+            step += 1
+            steps_this_run += 1
+            last = {"step": step, "epoch": epoch + (b + 1) / steps_per_epoch, **last}
+            if step_log is not None:
+                step_log.write(last, total_steps)
+                bar.update(1)
+                bar.set_postfix(loss=f"{last['loss']:.4f}", lr=f"{last['lr']:.2e}")
+            stop_now = cfg.stop_after_steps is not None and steps_this_run >= cfg.stop_after_steps and step < total_steps
+            if (cfg.save_steps > 0 and step % cfg.save_steps == 0 and step < total_steps) or stop_now:
+                save_checkpoint(output_dir, step, retriever, optimizer, scheduler, cfg, rank, world)
+            if stop_now:
+                stopped_early = True
+                logger.info("stopping after %d steps as asked (--stop_after_steps); continue with --resume", step)
+                break
+    finally:
+        bar.close()
+        if step_log is not None:
+            step_log.close()
+
+    result = {"status": "stopped" if stopped_early else "finished", "step": step, "total_steps": total_steps,
+              "last_loss": last.get("loss"), "output_dir": str(output_dir)}
+    if not stopped_early:
+        save_checkpoint(output_dir, step, retriever, optimizer, scheduler, cfg, rank, world)
+        if rank == 0:
+            save_final(output_dir, retriever, {**settings, "result": result})
+        _barrier(world)
+    return result
+
+
+def save_final(output_dir: Path, retriever: Retriever, settings: dict) -> None:
+    """``save_pretrained`` adapter (or full model) + tokenizer + training_args.json, loadable as in the README."""
+    retriever.model.save_pretrained(output_dir)
+    retriever.tokenizer.save_pretrained(output_dir)
+    write_json(output_dir / ARGS_FILE, settings)
+    logger.info("saved %s to %s", "model" if settings.get("full_finetune") else "adapter", output_dir)
+
+
+@torch.no_grad()
+def mean_loss(retriever: Retriever, data: TrainingData, cfg: TrainConfig, batch_size: int | None = None) -> float:
+    """InfoNCE (+QEM) of the data in eval mode (no dropout), in fixed consecutive batches: a yardstick for tests
+    and sanity runs, independent of the shuffled training order."""
+    was_training = retriever.model.training
+    retriever.model.eval()
+    size = batch_size or cfg.global_batch_size
+    total, count = 0.0, 0
+    try:
+        for start in range(0, len(data), size):
+            layout = build_layout(data.examples[start:start + size], data.positives_of)
+            q = retriever.embed(retriever.collate(retriever.tokenize(retriever.format(layout.queries, "query",
+                                                                                      cfg.instruction))))
+            d = retriever.embed(retriever.collate(retriever.tokenize(retriever.format(layout.documents, "passage"))))
+            loss, _ = contrastive_objective(q, d, layout.targets.to(q.device), cfg.temperature, cfg.qem_lambda,
+                                            cfg.qem_tau)
+            total += float(loss) * layout.n_queries
+            count += layout.n_queries
+    finally:
+        if was_training:
+            retriever.model.train()
+    return total / max(1, count)
