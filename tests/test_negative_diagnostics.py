@@ -5,6 +5,7 @@ ratio, HDBSCAN pure-cluster ratio, training-log dynamics, and the exact split of
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,16 @@ from repair.negative_diagnostics import (EmbeddedSet, NegativeSet, ProbeExample,
                                          read_negative_sets, template_ratio, weight_dynamics)
 
 ROOT = Path(__file__).resolve().parents[1]
+ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Small ops on a shared 2-core machine: one thread is much faster than two spinning OpenMP threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def test_range_overlap_known_intervals():
@@ -204,7 +215,7 @@ def test_bench_script_writes_table_json_and_plots(tmp_path, tiny_model_dir):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "negative_diagnostics.py"), "--triplets", str(trip),
                            "--model", str(tiny_model_dir), "--cache_dir", "none", "--out_dir", str(out),
                            "--min_cluster_size", "3", "--train_log", f"mixture={log}", "--windows", "4"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=ONE_THREAD_ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((out / "diagnostics.json").read_text())
     assert [r["group"] for r in res["table"]] == ["mined", "vanilla"]
