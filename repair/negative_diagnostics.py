@@ -9,11 +9,12 @@ Embedding-space measurements, per negative group (``mined`` = BM25 / the input's
   intersection of the two similarity distributions (1.0 = the same distribution);
 - **intra-negative diversity**: the mean pairwise cosine distance (1 - cos) between negatives of the same query,
   averaged over queries with two or more of them (Table 5 row 3);
-- **template-pattern ratio**: the share of negatives whose opening words (the first 4, normalised) are shared with
-  a negative of *another* query in the same group: the "topic introduction + background" templates of F6;
+- **template-pattern ratio**: the share of negatives whose opening words (the first 4, normalised) also open a
+  different negative of *another* query in the same group: the "topic introduction + background" templates of F6;
 - **pure-cluster ratio**: HDBSCAN (``sklearn.cluster.HDBSCAN``) on the joint embeddings of the queries, positives,
   mined negatives and the group's negatives; the share of the group's points that fall into clusters holding only
-  that group (Sec. 2.3: 24% of vanilla negatives, 3% of CoT ones). Noise points are in no cluster.
+  that group (Sec. 2.3: 24% of vanilla negatives, 3% of CoT ones); each distinct document is one point. Noise
+  points are in no cluster.
 
 Training dynamics (from a run's ``train_log.jsonl`` and checkpoints): the mean per-negative softmax weight of
 mined and generated negatives per window of steps and their ratio (Fig. 3), and, with :func:`gradient_probe`,
@@ -153,19 +154,26 @@ _WORDS = re.compile(r"[a-z0-9]+")
 
 
 def template_ratio(texts: Sequence[str], owner: Sequence[int], n_words: int = 4) -> float:
-    """Share of texts whose first ``n_words`` words (lower-cased, punctuation dropped) open a text of another
-    query as well: repeated openings across queries are the structural templates of F6 (Table 5 row 5)."""
+    """Share of texts whose first ``n_words`` words (lower-cased, punctuation dropped) also open a *different* text
+    of *another* query: repeated openings across queries are the structural templates of F6 (Table 5 row 5). The
+    same corpus document mined for two queries is one text, not a template."""
     if not texts:
         return float("nan")
-    owners_of: dict[tuple, set[int]] = defaultdict(set)
-    heads = []
+    seen: dict[tuple, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
+    keys = []
     for text, o in zip(texts, owner):
         words = _WORDS.findall(text.lower())
         head = tuple(words[:n_words]) if len(words) >= n_words else None
-        heads.append(head)
+        body = " ".join(words)
+        keys.append((head, body, int(o)))
         if head is not None:
-            owners_of[head].add(int(o))
-    hits = sum(1 for head, o in zip(heads, owner) if head is not None and len(owners_of[head] - {int(o)}) > 0)
+            seen[head][body].add(int(o))
+    hits = 0
+    for head, body, o in keys:
+        if head is None:
+            continue
+        if any(other != body and owners - {o} for other, owners in seen[head].items()):
+            hits += 1
     return hits / len(texts)
 
 
@@ -221,13 +229,27 @@ def embed_set(data: NegativeSet, retriever, instruction: str | None = None, show
     return EmbeddedSet(data, q, pos, neg)
 
 
+def _first_of_each_text(texts: Sequence[str]) -> np.ndarray:
+    """Mask of the first occurrence of each distinct (whitespace-normalised) text."""
+    seen: set[str] = set()
+    mask = np.zeros(len(texts), dtype=bool)
+    for i, text in enumerate(texts):
+        key = " ".join(text.split())
+        if key not in seen:
+            seen.add(key)
+            mask[i] = True
+    return mask
+
+
 def diagnose(emb: EmbeddedSet, *, min_cluster_size: int = 5, min_samples: int | None = None,
              pca_dims: int | None = None, template_words: int = 4, percentiles: tuple[float, float] = (5.0, 95.0),
              seed: int = 0) -> dict:
     """The Table 5 measures for every negative group, and the similarities / labels the plots need.
 
     Pure clusters of group G are computed on {queries, positives, mined negatives, G's negatives} (the paper's
-    per-generation analysis), so two generated groups never hide each other's pure clusters.
+    per-generation analysis), so two generated groups never hide each other's pure clusters; each distinct
+    document is one point (identical vectors of a document mined for several queries would form a trivially
+    pure cluster). The similarity measures are per (query, negative) pair.
     """
     data = emb.data
     owner = np.asarray(data.neg_owner)
@@ -236,19 +258,21 @@ def diagnose(emb: EmbeddedSet, *, min_cluster_size: int = 5, min_samples: int | 
     pos_sims = np.einsum("ij,ij->i", emb.q, emb.pos)
     mined = groups == "mined"
     rows, clusters = [], {}
+    unique = _first_of_each_text(data.neg_texts)  # a document mined for several queries is one point
     for g in data.groups():
         sel = groups == g
         parts = [(QUERY, emb.q), (POSITIVE, emb.pos)]
         if g != "mined" and mined.any():
-            parts.append(("mined", emb.neg[mined]))
-        parts.append((g, emb.neg[sel]))
+            parts.append(("mined", emb.neg[mined & unique]))
+        parts.append((g, emb.neg[sel & unique]))
         x = np.concatenate([v for _, v in parts])
         types = np.concatenate([[name] * len(v) for name, v in parts])
         labels = cluster_labels(x, min_cluster_size, min_samples, pca_dims, seed)
         ratios = pure_cluster_ratios(labels, types)
         clusters[g] = {"types": types, "labels": labels, "x": x, "ratios": ratios}
         rows.append({
-            "group": g, "negatives": int(sel.sum()), "queries": int(len(np.unique(owner[sel]))),
+            "group": g, "negatives": int(sel.sum()), "documents": int((sel & unique).sum()),
+            "queries": int(len(np.unique(owner[sel]))),
             "mean_query_similarity": float(sims[sel].mean()),
             "std_query_similarity": float(sims[sel].std()),
             "range_overlap_with_mined": range_overlap(sims[sel], sims[mined], *percentiles) if mined.any() else None,

@@ -71,6 +71,10 @@ def test_template_ratio_counts_openings_shared_across_queries():
     assert template_ratio(texts, owner) == pytest.approx(3 / 6)
     assert template_ratio(texts, owner, n_words=5) == 0.0  # the 5th words differ (X / Z / W)
     assert template_ratio(["short", "short"], [0, 1]) == 0.0
+    # one corpus document mined for two queries is not a template
+    same = "Clathrin is required for the function of the mitotic spindle."
+    assert template_ratio([same, same, "Clathrin is required for mitosis in yeast cells."], [0, 1, 2]) == 1.0
+    assert template_ratio([same, same], [0, 1]) == 0.0
 
 
 def test_pure_cluster_ratios_from_labels():
