@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repair.expansion import Grounder, generate_queries, generation_summary, read_concepts  # noqa: E402
-from repair.generation import DEFAULT_SAMPLING, make_generator  # noqa: E402
+from repair.generation import DEFAULT_SAMPLING, add_generator_args, generator_from_args  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
 from repair.sources import SourceError, make_cache  # noqa: E402
 
@@ -55,28 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cache_dir", default=None,
                    help="response cache of the grounding APIs (default: $REPAIR_CACHE/http; 'none' disables it)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per grounding request (default: %(default)s)")
-    g = p.add_argument_group("generator")
-    g.add_argument("--backend", choices=["hf", "openai"], default="hf",
-                   help="hf: local causal LM via transformers; openai: an OpenAI-compatible chat endpoint "
-                        "(default: %(default)s)")
-    g.add_argument("--model", default=None,
-                   help="hf: HF id, folder or alias (default: smollm2-135m, the retriever backbone); openai: the "
-                        "served model name (default: $OPENAI_MODEL, else the first model the server lists)")
-    g.add_argument("--adapter", default=None, help="hf: the retriever's LoRA adapter, merged into the generator")
-    g.add_argument("--device", default=None, help="hf: cpu | cuda | cuda:N (default: cuda when available)")
-    g.add_argument("--dtype", default=None,
-                   help="hf: float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)")
-    g.add_argument("--batch_size", type=int, default=None, help="hf: prompts per forward (default: --round_size)")
-    g.add_argument("--chat_template", choices=["auto", "on", "off"], default="auto",
-                   help="hf: wrap prompts in the tokenizer's chat template (auto: when it has one)")
-    g.add_argument("--trust_remote_code", action="store_true", help="hf: allow model code from the model folder")
-    g.add_argument("--openai_url", default=None,
-                   help="openai: base URL incl. /v1 (default: $OPENAI_BASE_URL or http://127.0.0.1:8000/v1); "
-                        "the key is read from $OPENAI_API_KEY")
-    g.add_argument("--openai_no_repetition_penalty", action="store_true",
-                   help="openai: do not send repetition_penalty (the official API rejects it; vLLM accepts it)")
-    g.add_argument("--openai_extra", default=None, help="openai: JSON object merged into every request body")
-    g.add_argument("--concurrency", type=int, default=4, help="openai: parallel requests (default: %(default)s)")
+    add_generator_args(p, default_batch_help="--round_size")
     s = p.add_argument_group("sampling (defaults of the original 05)")
     s.add_argument("--temperature", type=float, default=DEFAULT_SAMPLING["temperature"], help="(default: %(default)s)")
     s.add_argument("--top_p", type=float, default=DEFAULT_SAMPLING["top_p"], help="(default: %(default)s)")
@@ -113,15 +92,7 @@ def main(argv=None) -> dict:
         grounder = build_grounder(args)
     except SourceError as exc:
         raise SystemExit(f"05: grounding unavailable: {exc}") from None
-    if args.backend == "hf":
-        generator = make_generator("hf", model=args.model or "smollm2-135m", adapter=args.adapter, device=args.device,
-                                   dtype=args.dtype, batch_size=args.batch_size or args.round_size,
-                                   chat_template=args.chat_template, trust_remote_code=args.trust_remote_code)
-    else:
-        generator = make_generator("openai", base_url=args.openai_url, model=args.model,
-                                   concurrency=args.concurrency,
-                                   send_repetition_penalty=not args.openai_no_repetition_penalty,
-                                   extra_body=json.loads(args.openai_extra) if args.openai_extra else None)
+    generator = generator_from_args(args, default_batch_size=args.round_size)
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "repetition_penalty": args.repetition_penalty,
                 "max_new_tokens": args.max_new_tokens}
     stats = generate_queries(concepts, generator, args.out_jsonl, num_queries=args.num_queries,

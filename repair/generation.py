@@ -344,3 +344,45 @@ def make_generator(backend: str, **kw) -> HFGenerator | OpenAIGenerator:
     if backend == "openai":
         return OpenAIGenerator(**kw)
     raise ValueError(f"unknown generator backend {backend!r}; expected hf or openai")
+
+
+def add_generator_args(parser, default_model_help: str = "smollm2-135m, the retriever backbone",
+                       default_batch_help: str = "8") -> None:
+    """The generator flags every generating script shares (05 query generation, the CausalNeg negatives step):
+    ``--backend --model --adapter --device --dtype --batch_size --chat_template --trust_remote_code --openai_url
+    --openai_no_repetition_penalty --openai_extra --concurrency``."""
+    g = parser.add_argument_group("generator")
+    g.add_argument("--backend", choices=["hf", "openai"], default="hf",
+                   help="hf: local causal LM via transformers; openai: an OpenAI-compatible chat endpoint "
+                        "(default: %(default)s)")
+    g.add_argument("--model", default=None,
+                   help=f"hf: HF id, folder or alias (default: {default_model_help}); openai: the "
+                        "served model name (default: $OPENAI_MODEL, else the first model the server lists)")
+    g.add_argument("--adapter", default=None, help="hf: the retriever's LoRA adapter, merged into the generator")
+    g.add_argument("--device", default=None, help="hf: cpu | cuda | cuda:N (default: cuda when available)")
+    g.add_argument("--dtype", default=None,
+                   help="hf: float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)")
+    g.add_argument("--batch_size", type=int, default=None, help=f"hf: prompts per forward (default: {default_batch_help})")
+    g.add_argument("--chat_template", choices=["auto", "on", "off"], default="auto",
+                   help="hf: wrap prompts in the tokenizer's chat template (auto: when it has one)")
+    g.add_argument("--trust_remote_code", action="store_true", help="hf: allow model code from the model folder")
+    g.add_argument("--openai_url", default=None,
+                   help="openai: base URL incl. /v1 (default: $OPENAI_BASE_URL or http://127.0.0.1:8000/v1); "
+                        "the key is read from $OPENAI_API_KEY")
+    g.add_argument("--openai_no_repetition_penalty", action="store_true",
+                   help="openai: do not send repetition_penalty (the official API rejects it; vLLM accepts it)")
+    g.add_argument("--openai_extra", default=None, help="openai: JSON object merged into every request body")
+    g.add_argument("--concurrency", type=int, default=4, help="openai: parallel requests (default: %(default)s)")
+
+
+def generator_from_args(args, default_batch_size: int = 8) -> HFGenerator | OpenAIGenerator:
+    """The generator that :func:`add_generator_args` flags describe."""
+    import json
+
+    if args.backend == "hf":
+        return make_generator("hf", model=args.model or "smollm2-135m", adapter=args.adapter, device=args.device,
+                              dtype=args.dtype, batch_size=args.batch_size or default_batch_size,
+                              chat_template=args.chat_template, trust_remote_code=args.trust_remote_code)
+    return make_generator("openai", base_url=args.openai_url, model=args.model, concurrency=args.concurrency,
+                          send_repetition_penalty=not args.openai_no_repetition_penalty,
+                          extra_body=json.loads(args.openai_extra) if args.openai_extra else None)
