@@ -66,7 +66,7 @@
 #   CN_K            generated counterfactual negatives per query for NEGATIVES=causalneg [3]
 # Training
 #   EPOCHS [2; demo 1]  LR [2e-5; demo 1e-4]  TEMPERATURE [0.02]  GLOBAL_BATCH [256; demo 16]
-#   MINI_BATCH [32; demo 8]  NUM_HARD_NEG (hard negatives per triplet) [1]
+#   MINI_BATCH [32; demo 8]  NUM_HARD_NEG (per triplet; -1 = all) [1; causalneg -1]
 #   QEM_LAMBDA [0 for repair, 0.1 for causalneg]  QEM_TAU [0.1]  FULL_FINETUNE (1 = no LoRA) [0]
 #   TRAIN_EXTRA     extra flags passed to training/10_train_lora.py []
 set -euo pipefail
@@ -139,7 +139,9 @@ LR=${LR:-2e-5}
 TEMPERATURE=${TEMPERATURE:-0.02}
 GLOBAL_BATCH=${GLOBAL_BATCH:-256}
 MINI_BATCH=${MINI_BATCH:-32}
-NUM_HARD_NEG=${NUM_HARD_NEG:-1}
+if [[ -z "${NUM_HARD_NEG:-}" ]]; then  # causalneg trains on every negative of a line (15 mined + CN_K generated)
+  if [[ "$NEGATIVES" == causalneg ]]; then NUM_HARD_NEG=-1; else NUM_HARD_NEG=1; fi
+fi
 QEM_TAU=${QEM_TAU:-0.1}
 FULL_FINETUNE=${FULL_FINETUNE:-0}
 TRAIN_EXTRA=${TRAIN_EXTRA:-}
@@ -248,19 +250,20 @@ for ((k = 1; k <= ITERS; k++)); do
   CONCEPTS="$DIA/PathAB_terms/final_terms.bottom_${PP}pct.txt"
 
   # ---- Stage II: Expansion (05 -> 06 until VALID_FACTOR x |T0| valid tuples or MAX_ROUNDS)
+  # the generator (05 and CausalNeg's 10): the paper's default is the retriever's own backbone with its adapter
+  GEN_BACKEND=(--backend "$GENERATOR")
+  if [[ "$GENERATOR" == hf ]]; then
+    GEN_BACKEND+=(--model "$GEN_MODEL")
+    [[ "$GEN_MODEL" == "$MODEL" && -n "$CUR_ADAPTER" ]] && GEN_BACKEND+=(--adapter "$CUR_ADAPTER")
+  else
+    [[ -n "$OPENAI_URL" ]] && GEN_BACKEND+=(--openai_url "$OPENAI_URL")
+  fi
   GEN="$EXP/generated.bottom_${PP}pct.jsonl"
   EXPJ="$EXP/expansion.bottom_${PP}pct.jsonl"
   if [[ ! -f "$STATE/iter$k.expansion.done" || "$FORCE" == 1 ]]; then
     if [[ "$FORCE" == 1 && -f "$STATE/iter$k.expansion.done" ]]; then rm -f "$GEN"* "$EXPJ"*; fi
     for ((r = 1; r <= MAX_ROUNDS; r++)); do
       GEN_RESUME=(); [[ -f "$GEN" ]] && GEN_RESUME=(--resume)
-      GEN_BACKEND=(--backend "$GENERATOR")
-      if [[ "$GENERATOR" == hf ]]; then
-        GEN_BACKEND+=(--model "$GEN_MODEL")
-        [[ "$GEN_MODEL" == "$MODEL" && -n "$CUR_ADAPTER" ]] && GEN_BACKEND+=(--adapter "$CUR_ADAPTER")
-      else
-        [[ -n "$OPENAI_URL" ]] && GEN_BACKEND+=(--openai_url "$OPENAI_URL")
-      fi
       step "iter$k.05_generate.r$r" "" "$PYTHON" "$HERE/expansion/05_query_generation.py" --concept_txt "$CONCEPTS" \
         --out_jsonl "$GEN" --num_queries $((r * GEN_ROUND)) --seed "$SEED" --grounding "$GROUNDING" \
         "${GEN_BACKEND[@]}" "${GEN_RESUME[@]}" "${DEVICE_FLAG[@]}"
@@ -295,8 +298,8 @@ for ((k = 1; k <= ITERS; k++)); do
     CN="$DIF/final_train_data.causalneg.bottom_${PP}pct.jsonl"
     CN_RESUME=(); [[ -f "$CN" ]] && CN_RESUME=(--resume)
     step "iter$k.10_counterfactual" "" "$PYTHON" "$HERE/differentiation/10_counterfactual_negatives.py" --input_jsonl "$FINAL" \
-      --output_jsonl "$CN" --k "$CN_K" --corpus "${LOCAL_CORPUS:-$TRAIN_DATA}" --backend "$GENERATOR" --model "$GEN_MODEL" \
-      --seed "$SEED" "${CN_RESUME[@]}"
+      --output_jsonl "$CN" --k "$CN_K" --corpus "${LOCAL_CORPUS:-$TRAIN_DATA}" "${GEN_BACKEND[@]}" \
+      --seed "$SEED" "${CN_RESUME[@]}" "${DEVICE_FLAG[@]}"
     FINAL="$CN"
   fi
   TRIPLETS+=(--triplets "$FINAL")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from repair.negatives import PERTURBATIONS
 from tests.helpers_sources import FakeServer, openai_route
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,3 +172,45 @@ def test_driver_input_errors(tmp_path):
     proc = run_driver(env, timeout=60)
     assert proc.returncode == 2 and "TOP_K (3) must be >= CONSISTENCY_K (5)" in proc.stderr
     assert help_text.returncode == 0 and "CONSISTENCY_K" in help_text.stdout and "--gres=gpu" not in help_text.stdout
+
+
+def causalneg_reply(messages: list[dict], seed: int) -> str:
+    """The REPAIR query prompt as above; CausalNeg's stage 1 a typed requirement list, stage 3 a short abstract
+    that names the perturbation it was asked for (so the test can follow it into the triplet file)."""
+    prompt = messages[-1]["content"]
+    if prompt.startswith("You analyse"):
+        return ("1. names the specific material studied in the query [entity_substitution]\n"
+                "2. reports the measured property after annealing [constraint_violation]")
+    if prompt.startswith("You write documents"):
+        kind = next(k for k, v in PERTURBATIONS.items() if v in prompt)
+        return (f"We grew ZnO and SnO2 films by sputtering and report their optical absorption, surface roughness "
+                f"and grain size after rapid thermal processing at {400 + seed % 50} C, a case of "
+                f"{kind.replace('_', ' ')}, compared with untreated reference samples from the same batch.")
+    return reply_for(messages, seed)
+
+
+def test_driver_causalneg_negatives_reach_training_with_qem(tiny_model_dir, tmp_path):
+    data = make_corpus(tmp_path / "matsci")
+    with FakeServer(openai_route(causalneg_reply, model="fake-generator")) as srv:
+        env = driver_env(tmp_path, tiny_model_dir, data, srv.url, "run_cn")
+        env.update({"ITERS": "1", "NEGATIVES": "causalneg", "CN_K": "2", "EVAL_DATA": str(data)})
+        proc = run_driver(env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    dif = tmp_path / "run_cn" / "iter1" / "differentiation"
+    repair_rows = [json.loads(x) for x in (dif / "final_train_data.bottom_30pct.jsonl").open()]
+    cn_rows = [json.loads(x) for x in (dif / "final_train_data.causalneg.bottom_30pct.jsonl").open()]
+    assert repair_rows and [r["query"] for r in cn_rows] == [r["query"] for r in repair_rows]
+    for base, row in zip(repair_rows, cn_rows):
+        n_mined = len(base["hard_negatives"])
+        # REPAIR's own negatives stay first and mined; CN_K generated ones follow with their traces
+        assert row["hard_negatives"][:n_mined] == base["hard_negatives"]
+        assert row["negative_sources"] == ["mined"] * n_mined + ["generated"] * 2
+        assert [t["perturbation"] for t in row["negative_traces"][n_mined:]] == ["entity_substitution",
+                                                                                "constraint_violation"]
+        for trace, text in zip(row["negative_traces"][n_mined:], row["hard_negatives"][n_mined:]):
+            assert f"a case of {trace['perturbation'].replace('_', ' ')}," in text
+    args = json.loads((tmp_path / "run_cn" / "iter1" / "adapter" / "training_args.json").read_text())
+    assert args["triplets"] == [str(dif / "final_train_data.causalneg.bottom_30pct.jsonl")]
+    assert args["qem_lambda"] == 0.1 and args["num_hard_negatives"] == -1
+    log = [json.loads(x) for x in (tmp_path / "run_cn" / "iter1" / "adapter" / "train_log.jsonl").open()]
+    assert sum(row["qem_queries"] for row in log) > 0  # the entropy term saw generated negatives
