@@ -337,9 +337,12 @@ class Retriever:
         cache = self.cache if use_cache else None
         rank, world = dist_info()
         if cache is not None and world > 1:
-            # every rank must split the same "missing" list: sync and re-read shards written meanwhile
+            # every rank must split the same "missing" list: sync, re-read shards written meanwhile, and sync
+            # again so that no rank writes a new shard before every rank has taken its snapshot (a fast rank
+            # writing early made a slow rank's list shorter, and the two splits then missed texts)
             torch.distributed.barrier()
             cache.refresh()
+            torch.distributed.barrier()
         todo = [k for k in unique if cache is None or k not in cache]
         if cache is not None and world > 1:
             todo = todo[rank::world]
