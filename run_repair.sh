@@ -57,7 +57,7 @@
 #   TARGET_K        max negative candidates per verified query [20]
 #   VALID_FACTOR    stop expansion at VALID_FACTOR x |T0| valid tuples [2]
 #   GEN_ROUND       queries generated per 05 -> 06 round [max(16, |T0|)]
-#   MAX_ROUNDS      round limit of the 05 -> 06 loop [6]
+#   MAX_ROUNDS      round limit of the 05 -> 06 loop [6; demo 3]
 # Differentiation (Stage III)
 #   TOP_K           hard negatives kept per tuple (Eq. 7) [15]
 #   CONSISTENCY_K   keep a tuple if rank(d+) <= kappa in its pool (Eq. 6) [5]
@@ -66,7 +66,8 @@
 #   CN_K            generated counterfactual negatives per query for NEGATIVES=causalneg [3]
 # Training
 #   EPOCHS [2; demo 1]  LR [2e-5; demo 1e-4]  TEMPERATURE [0.02]  GLOBAL_BATCH [256; demo 16]
-#   MINI_BATCH [32; demo 8]  NUM_HARD_NEG (per triplet; -1 = all) [1; causalneg -1]
+#   MINI_BATCH [32]  NUM_HARD_NEG (per triplet; -1 = all) [1; causalneg -1]
+#   WARMUP_RATIO [0.1; demo 0]  (linear warmup share of the steps; step 1 of a warmup trains with lr 0)
 #   QEM_LAMBDA [0 for repair, 0.1 for causalneg]  QEM_TAU [0.1]  FULL_FINETUNE (1 = no LoRA) [0]
 #   TRAIN_EXTRA     extra flags passed to training/10_train_lora.py []
 set -euo pipefail
@@ -95,7 +96,9 @@ if [[ -z "${TRAIN_DATA:-}" ]]; then
   EPOCHS=${EPOCHS:-1}
   LR=${LR:-1e-4}
   GLOBAL_BATCH=${GLOBAL_BATCH:-16}
-  MINI_BATCH=${MINI_BATCH:-8}
+  MINI_BATCH=${MINI_BATCH:-32}  # one mini-batch = the whole batch: GradCache skips its extra forward
+  MAX_ROUNDS=${MAX_ROUNDS:-3}
+  WARMUP_RATIO=${WARMUP_RATIO:-0}  # a demo trains a handful of steps: none of them may be spent at lr 0
   EVAL_DATA=${EVAL_DATA:-"$TRAIN_DATA"}
   ITERS=${ITERS:-$([[ "$DEMO" == tiny ]] && echo 1 || echo 2)}
 fi
@@ -143,6 +146,7 @@ if [[ -z "${NUM_HARD_NEG:-}" ]]; then  # causalneg trains on every negative of a
   if [[ "$NEGATIVES" == causalneg ]]; then NUM_HARD_NEG=-1; else NUM_HARD_NEG=1; fi
 fi
 QEM_TAU=${QEM_TAU:-0.1}
+WARMUP_RATIO=${WARMUP_RATIO:-0.1}
 FULL_FINETUNE=${FULL_FINETUNE:-0}
 TRAIN_EXTRA=${TRAIN_EXTRA:-}
 if [[ -z "${QEM_LAMBDA:-}" ]]; then
@@ -313,7 +317,7 @@ for ((k = 1; k <= ITERS; k++)); do
   step "iter$k.10_train" "" "${LAUNCH[@]}" "$HERE/training/10_train_lora.py" --model "$CUR_MODEL" "${INIT[@]}" "${FT[@]}" \
     --train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT" "${TRIPLETS[@]}" --num_hard_negatives "$NUM_HARD_NEG" \
     --output_dir "$ADP" --epochs "$EPOCHS" --lr "$LR" --temperature "$TEMPERATURE" --global_batch_size "$GLOBAL_BATCH" \
-    --mini_batch_size "$MINI_BATCH" --max_length "$MAX_LENGTH" --qem_lambda "$QEM_LAMBDA" --qem_tau "$QEM_TAU" \
+    --mini_batch_size "$MINI_BATCH" --max_length "$MAX_LENGTH" --qem_lambda "$QEM_LAMBDA" --qem_tau "$QEM_TAU" --warmup_ratio "$WARMUP_RATIO" \
     --seed "$SEED" "${TRAIN_RESUME[@]}" "${DEVICE_FLAG[@]}" $TRAIN_EXTRA
   if [[ "$FULL_FINETUNE" == 1 ]]; then CUR_MODEL="$ADP"; CUR_ADAPTER=""; else CUR_ADAPTER="$ADP"; fi
   AFLAG=(); [[ -n "$CUR_ADAPTER" ]] && AFLAG=(--adapter "$CUR_ADAPTER")
