@@ -20,7 +20,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -124,38 +124,42 @@ def _atomic_target(path: Path) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
 
 
-def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> int:
-    """Write all rows to a temp file beside ``path`` and rename it: readers never see a half file."""
+def atomic_write(path: str | os.PathLike, write: Callable[[Any], Any]) -> Any:
+    """Call ``write(fh)`` on a temp file beside ``path``, fsync, rename: readers never see a half file. The one
+    atomic writer of the project; returns what ``write`` returns."""
     path = Path(path)
     tmp = _atomic_target(path)
-    count = 0
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-                count += 1
+            result = write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
-    return count
+    return result
+
+
+def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> int:
+    """Write all rows atomically (temp + rename); returns the number of rows."""
+    def write(fh) -> int:
+        count = 0
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            count += 1
+        return count
+    return atomic_write(path, write)
+
+
+def write_lines(path: str | os.PathLike, lines: Iterable[str]) -> None:
+    """Atomic text write, one line per item."""
+    atomic_write(path, lambda fh: fh.writelines(line + "\n" for line in lines))
 
 
 def write_json(path: str | os.PathLike, obj: Any, indent: int = 1) -> None:
     """Atomic JSON write (temp + rename)."""
-    path = Path(path)
-    tmp = _atomic_target(path)
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, ensure_ascii=False, indent=indent)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_write(path, lambda fh: json.dump(obj, fh, ensure_ascii=False, indent=indent))
 
 
 def read_json(path: str | os.PathLike) -> Any:

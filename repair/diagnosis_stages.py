@@ -12,7 +12,6 @@ import logging
 import os
 import sys
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Callable, Sequence
@@ -21,7 +20,7 @@ import numpy as np
 
 from . import diagnosis as dg
 from .concepts import compute_ccs, merge_cconf, referenced_docs
-from .data import DataError, load_seed, read_json, read_jsonl, write_json, write_jsonl
+from .data import DataError, load_seed, read_json, read_jsonl, write_json, write_jsonl, write_lines
 from .finch import finch
 
 logger = logging.getLogger(__name__)
@@ -71,17 +70,8 @@ def _rel(path: Path, base: Path) -> str:
 
 
 def write_text_atomic(path: Path, lines: Sequence[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.writelines(line + "\n" for line in lines)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """One line per item, atomically (the project's single writer, ``repair.data.atomic_write``)."""
+    write_lines(path, lines)
 
 
 def run_cli(main: Callable[[], dict], script: str) -> None:
