@@ -47,3 +47,13 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 def tiny_model_dir_nopad(tmp_path_factory) -> Path:
     """Tiny Qwen2 whose tokenizer has no pad token: the contract pads with EOS on the left."""
     return build_tiny_qwen2(tmp_path_factory.mktemp("tiny_qwen2_nopad"), pad_token=False)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Many small ops: on a shared 2-core machine one thread is much faster than two spinning OpenMP threads.
+    Modules opt in with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

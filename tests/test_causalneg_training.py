@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from repair.data import read_jsonl, write_jsonl
 from repair.negative_diagnostics import probe_run, read_train_log, weight_dynamics
@@ -21,13 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "data" / "demo" / "scifact-tiny"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Many small ops: on a shared 2-core machine one thread is much faster than two spinning OpenMP threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

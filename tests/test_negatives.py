@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from repair.data import DataError, load_beir, read_jsonl
 from repair.negatives import (CONFIGS, PERTURBATIONS, CorpusNegatives, GenerationSettings, GenerationStats,
@@ -29,12 +28,7 @@ TINY = ROOT / "data" / "demo" / "scifact-tiny"
 SCRIPT = ROOT / "differentiation" / "10_counterfactual_negatives.py"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
