@@ -11,7 +11,8 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
   bm25                  fine-tuned on T0 + the top BM25 hit that is not a positive (bm25s), one per claim
   repair                run_repair.sh, 2 iterations (diagnosis -> expansion with the local-corpus source ->
                         differentiation -> training on T0 + new triplets), each iteration 52 steps from the last
-  causalneg             as repair with NEGATIVES=causalneg (CoT counterfactual negatives + QEM)
+  causalneg             as repair with NEGATIVES=causalneg (CoT counterfactual negatives on --cn_ratio of the kept
+                        tuples + QEM); iteration 1's stages up to 09 are copied from repair_s<seed> when it has them
   inbatch2x / bm25x2    the 2-iteration budget (104 steps) for plain fine-tuning, to compare with repair iter 2
   st_reference          sentence-transformers' own trainer (MultipleNegativesRankingLoss), the calibration peer
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -167,8 +169,34 @@ class Study:
     def repair(self, seed: int) -> dict:
         return self._driver(f"repair_s{seed}", seed, {})
 
+    def reuse_repair_stages(self, seed: int, run_dir: Path) -> bool:
+        """Start a CausalNeg run from the REPAIR run's finished iteration-1 stages up to 09.
+
+        Until 09 the two runs are the same commands with the same seed on the same model (NEGATIVES only changes
+        what follows 09), so copying their outputs and done markers gives the files a fresh run would write and
+        the row pays only for what differs: the generated negatives, training with QEM and evaluation. Later
+        iterations start from a different trained model and are always run.
+        """
+        src = self.out / "repair" / f"repair_s{seed}"
+        if run_dir.exists() or not (src / ".state" / "iter1.09_consistency.done").exists():
+            return False
+        (run_dir / "iter1").mkdir(parents=True)
+        (run_dir / ".state").mkdir()
+        shutil.copytree(src / "iter0", run_dir / "iter0")
+        for stage in ("diagnosis", "expansion", "differentiation"):
+            shutil.copytree(src / "iter1" / stage, run_dir / "iter1" / stage)
+        shared_steps = ("01_", "02_", "03_", "04_", "05_", "06_", "07_", "08_", "09_", "expansion")
+        for marker in (src / ".state").iterdir():
+            iteration, step = marker.name.split(".")[:2]
+            if (iteration, step) == ("iter0", "eval") or (iteration == "iter1" and step.startswith(shared_steps)):
+                shutil.copy2(marker, run_dir / ".state" / marker.name)
+        return True
+
     def causalneg(self, seed: int) -> dict:
-        return self._driver(f"causalneg_s{seed}", seed, {"NEGATIVES": "causalneg"})
+        name = f"causalneg_s{seed}"
+        reused = self.reuse_repair_stages(seed, self.out / "repair" / name)
+        extra = {"NEGATIVES": "causalneg", "CN_RATIO": str(self.args.cn_ratio), "CN_EXTRA": self.args.cn_extra}
+        return {**self._driver(name, seed, extra), "reused_repair_stages": reused}
 
     def st_reference(self, seed: int) -> dict:
         folder = self.out / "train" / f"st_reference_s{seed}"
@@ -215,6 +243,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=52, help="optimizer steps per training run (2 epochs of T0 at 32)")
     p.add_argument("--iters", type=int, default=2, help="REPAIR iterations (default: %(default)s)")
     p.add_argument("--max_rounds", type=int, default=3, help="05 -> 06 rounds per iteration (default: %(default)s)")
+    p.add_argument("--cn_ratio", type=float, default=0.1,
+                   help="causalneg row: share of the kept tuples given CoT negatives (CN_RATIO; default: %(default)s, "
+                        "sized for a CPU generator)")
+    p.add_argument("--cn_extra", default="--max_retries 1 --write_tokens 160 --decompose_tokens 128 --target_words 100",
+                   help="causalneg row: extra flags for 10_counterfactual_negatives.py (CN_EXTRA; default: %(default)s)")
     p.add_argument("--summarize", action="store_true", help="print the results table and exit")
     args = p.parse_args()
     out = Path(args.out)

@@ -193,14 +193,21 @@ def test_driver_causalneg_negatives_reach_training_with_qem(tiny_model_dir, tmp_
     data = make_corpus(tmp_path / "matsci")
     with FakeServer(openai_route(causalneg_reply, model="fake-generator")) as srv:
         env = driver_env(tmp_path, tiny_model_dir, data, srv.url, "run_cn")
-        env.update({"ITERS": "1", "NEGATIVES": "causalneg", "CN_K": "2", "EVAL_DATA": str(data)})
+        env.update({"ITERS": "1", "NEGATIVES": "causalneg", "CN_K": "2", "CN_RATIO": "0.5", "EVAL_DATA": str(data)})
         proc = run_driver(env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     dif = tmp_path / "run_cn" / "iter1" / "differentiation"
     repair_rows = [json.loads(x) for x in (dif / "final_train_data.bottom_30pct.jsonl").open()]
     cn_rows = [json.loads(x) for x in (dif / "final_train_data.causalneg.bottom_30pct.jsonl").open()]
-    assert repair_rows and [r["query"] for r in cn_rows] == [r["query"] for r in repair_rows]
+    assert len(repair_rows) >= 2 and [r["query"] for r in cn_rows] == [r["query"] for r in repair_rows]
+    # CN_RATIO 0.5: round(0.5 x N) of the kept tuples get generated negatives, the others pass through as mined
+    augmented = [(base, row) for base, row in zip(repair_rows, cn_rows) if "generated" in row["negative_sources"]]
+    assert len(augmented) == round(0.5 * len(repair_rows))
     for base, row in zip(repair_rows, cn_rows):
+        if "generated" not in row["negative_sources"]:
+            assert row["hard_negatives"] == base["hard_negatives"]
+            assert set(row["negative_sources"]) == {"mined"}
+    for base, row in augmented:
         n_mined = len(base["hard_negatives"])
         # REPAIR's own negatives stay first and mined; CN_K generated ones follow with their traces
         assert row["hard_negatives"][:n_mined] == base["hard_negatives"]
