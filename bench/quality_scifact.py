@@ -243,10 +243,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=52, help="optimizer steps per training run (2 epochs of T0 at 32)")
     p.add_argument("--iters", type=int, default=2, help="REPAIR iterations (default: %(default)s)")
     p.add_argument("--max_rounds", type=int, default=3, help="05 -> 06 rounds per iteration (default: %(default)s)")
-    p.add_argument("--cn_ratio", type=float, default=0.1,
+    p.add_argument("--cn_ratio", type=float, default=0.25,
                    help="causalneg row: share of the kept tuples given CoT negatives (CN_RATIO; default: %(default)s, "
                         "sized for a CPU generator)")
-    p.add_argument("--cn_extra", default="--max_retries 1 --write_tokens 160 --decompose_tokens 128 --target_words 100",
+    # --num_mined 1 keeps the repair row's one model-aware negative per triplet, so rows repair and causalneg differ
+    # only in what CausalNeg adds (generated negatives + QEM); the rest sizes SmolLM2's generation for a CPU
+    p.add_argument("--cn_extra", default="--num_mined 1 --max_retries 1 --write_tokens 160 --decompose_tokens 128 "
+                                         "--target_words 100",
                    help="causalneg row: extra flags for 10_counterfactual_negatives.py (CN_EXTRA; default: %(default)s)")
     p.add_argument("--summarize", action="store_true", help="print the results table and exit")
     args = p.parse_args()
