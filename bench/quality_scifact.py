@@ -18,12 +18,16 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
 
     python bench/quality_scifact.py --scifact ../shared/data/scifact --out runs/quality --rows offshelf inbatch bm25 repair --seeds 1 2
     python bench/quality_scifact.py --out runs/quality --summarize      # the table for docs/results.md
+    # the secondary study: SmolLM2-135M (EOS pooling, LoRA) on a 128/100/1000 subset at 128 tokens
+    python bench/quality_scifact.py --out runs/quality_smollm2 --subset 128 100 1000 --model smollm2-135m \
+        --full_finetune 0 --lora_lr 1e-4 --temperature 0.02 --max_length 128 --rows offshelf inbatch repair --seeds 1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -34,6 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from repair.data import load_beir, load_seed, write_beir_slice  # noqa: E402
 
 PY = sys.executable
 
@@ -60,9 +66,22 @@ class Study:
         self.rows = self.out / "rows"
         self.rows.mkdir(parents=True, exist_ok=True)
         self.scifact = str(Path(args.scifact).resolve())
+        if args.subset:
+            self.scifact = self.make_subset(*args.subset)
+        if args.steps is None:  # 2 epochs of T0 at batch 32: 52 steps on the 809 SciFact claims
+            args.steps = 2 * math.ceil(len(load_seed(self.scifact, split="train")) / 32)
         self.biosses = str(ROOT / "data" / "biosses")
 
     # ---------------------------------------------------------------- shared pieces
+    def make_subset(self, n_train: int, n_test: int, n_docs: int) -> str:
+        """A documented SciFact subset (seeded, positives kept) for backbones too slow for the full corpus on a CPU."""
+        folder = self.out / "data" / f"scifact-subset-{n_train}-{n_test}-{n_docs}"
+        if not (folder / "qrels" / "test.tsv").exists():
+            counts = write_beir_slice(load_beir(self.scifact, "train"), load_beir(self.scifact, "test"), folder,
+                                      n_train, n_test, n_docs, seed=13)
+            print(json.dumps({"subset": str(folder), **counts}), flush=True)
+        return str(folder)
+
     def train_flags(self, steps: int) -> list[str]:
         a = self.args
         flags = ["--model", a.model, "--max_length", str(a.max_length), "--temperature", str(a.temperature),
@@ -240,7 +259,11 @@ def main() -> None:
     p.add_argument("--lora_lr", type=float, default=None, help="learning rate when --full_finetune 0")
     p.add_argument("--temperature", type=float, default=0.05, help="InfoNCE temperature (default: %(default)s)")
     p.add_argument("--max_length", type=int, default=256, help="tokens per text (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=52, help="optimizer steps per training run (2 epochs of T0 at 32)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="optimizer steps per training run (default: 2 epochs of T0 at batch 32; 52 on SciFact)")
+    p.add_argument("--subset", type=int, nargs=3, metavar=("TRAIN", "TEST", "DOCS"), default=None,
+                   help="study a seeded SciFact subset instead (train claims, test claims, corpus size; every chosen "
+                        "positive is kept): the secondary SmolLM2 study")
     p.add_argument("--iters", type=int, default=2, help="REPAIR iterations (default: %(default)s)")
     p.add_argument("--max_rounds", type=int, default=3, help="05 -> 06 rounds per iteration (default: %(default)s)")
     p.add_argument("--cn_ratio", type=float, default=0.25,

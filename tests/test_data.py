@@ -169,3 +169,35 @@ def test_appender_cuts_partial_line_from_killed_writer(tmp_path):
     with JsonlAppender(path) as app:
         app.append({"i": 3})
     assert [r["i"] for r in read_jsonl(path)] == [0, 1, 2, 3]
+
+
+def test_beir_slice_keeps_every_chosen_positive_and_is_seeded(tmp_path):
+    """The study subsets and demo slices: answerable claims, T0 with one positive, same seed -> same folder."""
+    from repair.data import write_beir_slice
+
+    src = tmp_path / "src"
+    (src / "qrels").mkdir(parents=True)
+    (src / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": f"T{i}", "text": f"text {i}"}) + "\n"
+                                              for i in range(40)))
+    (src / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": f"claim {i}"}) + "\n"
+                                               for i in range(12)))
+    train_rows = "".join(f"q{i}\td{2 * i}\t1\nq{i}\td{2 * i + 1}\t1\n" for i in range(8))  # two positives each
+    (src / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + train_rows)
+    (src / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                            + "".join(f"q{i}\td{20 + i}\t1\n" for i in range(8, 12)) + "q11\td30\t1\n")
+    train, test = load_beir(src, "train"), load_beir(src, "test")
+    counts = write_beir_slice(train, test, tmp_path / "a", n_train=3, n_test=2, n_docs=10, seed=5)
+    assert counts == {"train_claims": 3, "test_claims": 2, "corpus": 10}
+    cut_train, cut_test = load_beir(tmp_path / "a", "train"), load_beir(tmp_path / "a", "test")
+    assert len(cut_train.qrels) == 3 and len(cut_test.qrels) == 2
+    for qid, positives in cut_train.qrels.items():
+        assert list(positives) == [next(iter(train.qrels[qid]))]  # T0: the first positive only
+    for qid, positives in cut_test.qrels.items():
+        assert positives == test.qrels[qid]  # every positive of a test claim is kept...
+    kept = {d for pos in [*cut_train.qrels.values(), *cut_test.qrels.values()] for d in pos}
+    assert kept <= set(cut_train.corpus) and len(cut_train.corpus) == 10  # ...inside the corpus, padded to 10
+    write_beir_slice(train, test, tmp_path / "b", n_train=3, n_test=2, n_docs=10, seed=5)
+    for name in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv", "qrels/test.tsv"):
+        assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text()
+    write_beir_slice(train, test, tmp_path / "c", n_train=3, n_test=2, n_docs=10, seed=6)
+    assert (tmp_path / "c" / "corpus.jsonl").read_text() != (tmp_path / "a" / "corpus.jsonl").read_text()
