@@ -169,6 +169,7 @@ class Study:
                "MAX_ROUNDS": str(a.max_rounds), "PYTHON": PY,
                "TRAIN_EXTRA": f"--max_steps {a.steps} --epochs 100 --warmup_ratio 0.1 --weight_decay 0.01 "
                               f"--save_steps 0 --no_progress", **extra}
+        self.reuse_offshelf_eval(run_dir)
         seconds = run(["bash", ROOT / "run_repair.sh"], self.out / "logs" / f"driver_{name}.log", env=env)
         report = json.loads((run_dir / "report.json").read_text())
         per_iter = []
@@ -188,6 +189,17 @@ class Study:
     def repair(self, seed: int) -> dict:
         return self._driver(f"repair_s{seed}", seed, {})
 
+    def reuse_offshelf_eval(self, run_dir: Path) -> None:
+        """A driver run's iteration 0 evaluates the untouched backbone: the offshelf row's result, same command and
+        data, so it is copied in (with the driver's done marker) instead of re-encoding the corpus per row."""
+        offshelf = self.out / "eval" / "offshelf.json"
+        target = run_dir / "iter0" / "eval" / "eval.json"
+        if offshelf.exists() and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(offshelf, target)
+            (run_dir / ".state").mkdir(exist_ok=True)
+            (run_dir / ".state" / "iter0.eval.done").write_text("0\n")
+
     def reuse_repair_stages(self, seed: int, run_dir: Path) -> bool:
         """Start a CausalNeg run from the REPAIR run's finished iteration-1 stages up to 09.
 
@@ -197,11 +209,11 @@ class Study:
         iterations start from a different trained model and are always run.
         """
         src = self.out / "repair" / f"repair_s{seed}"
-        if run_dir.exists() or not (src / ".state" / "iter1.09_consistency.done").exists():
+        if (run_dir / "iter1").exists() or not (src / ".state" / "iter1.09_consistency.done").exists():
             return False
         (run_dir / "iter1").mkdir(parents=True)
-        (run_dir / ".state").mkdir()
-        shutil.copytree(src / "iter0", run_dir / "iter0")
+        (run_dir / ".state").mkdir(exist_ok=True)
+        shutil.copytree(src / "iter0", run_dir / "iter0", dirs_exist_ok=True)
         for stage in ("diagnosis", "expansion", "differentiation"):
             shutil.copytree(src / "iter1" / stage, run_dir / "iter1" / stage)
         shared_steps = ("01_", "02_", "03_", "04_", "05_", "06_", "07_", "08_", "09_", "expansion")
