@@ -200,9 +200,9 @@ def test_driver_causalneg_negatives_reach_training_with_qem(tiny_model_dir, tmp_
     repair_rows = [json.loads(x) for x in (dif / "final_train_data.bottom_30pct.jsonl").open()]
     cn_rows = [json.loads(x) for x in (dif / "final_train_data.causalneg.bottom_30pct.jsonl").open()]
     assert len(repair_rows) >= 2 and [r["query"] for r in cn_rows] == [r["query"] for r in repair_rows]
-    # CN_RATIO 0.5: round(0.5 x N) of the kept tuples get generated negatives, the others pass through as mined
+    # CN_RATIO 0.5: 0.5 x N rounded half up of the kept tuples get generated negatives, the others pass through
     augmented = [(base, row) for base, row in zip(repair_rows, cn_rows) if "generated" in row["negative_sources"]]
-    assert len(augmented) == round(0.5 * len(repair_rows))
+    assert len(augmented) == (len(repair_rows) + 1) // 2
     for base, row in zip(repair_rows, cn_rows):
         if "generated" not in row["negative_sources"]:
             assert row["hard_negatives"] == base["hard_negatives"]
