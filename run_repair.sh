@@ -314,7 +314,9 @@ for ((k = 1; k <= ITERS; k++)); do
   TRIPLETS+=(--triplets "$FINAL")
 
   # ---- Training: T0 + every iteration's triplets so far, starting from the previous adapter
-  TRAIN_RESUME=(); [[ -d "$ADP/checkpoints" ]] && TRAIN_RESUME=(--resume)
+  # any earlier attempt (with or without a checkpoint: --save_steps 0 writes none) is resumed; without a
+  # checkpoint the trainer restarts from step 0 and drops the killed run's log lines
+  TRAIN_RESUME=(); [[ -d "$ADP" ]] && TRAIN_RESUME=(--resume)
   INIT=(); [[ -n "$CUR_ADAPTER" ]] && INIT=(--init_adapter "$CUR_ADAPTER")
   FT=(); [[ "$FULL_FINETUNE" == 1 ]] && FT=(--full_finetune)
   LAUNCH=("$PYTHON"); [[ "$NPROC" -gt 1 ]] && LAUNCH=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC")
