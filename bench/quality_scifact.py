@@ -209,18 +209,20 @@ class Study:
         iterations start from a different trained model and are always run.
         """
         src = self.out / "repair" / f"repair_s{seed}"
+        marker = run_dir / "REUSED_FROM"  # so a resumed row still reports where its stages came from
         if (run_dir / "iter1").exists() or not (src / ".state" / "iter1.09_consistency.done").exists():
-            return False
+            return marker.exists()
         (run_dir / "iter1").mkdir(parents=True)
         (run_dir / ".state").mkdir(exist_ok=True)
         shutil.copytree(src / "iter0", run_dir / "iter0", dirs_exist_ok=True)
         for stage in ("diagnosis", "expansion", "differentiation"):
             shutil.copytree(src / "iter1" / stage, run_dir / "iter1" / stage)
         shared_steps = ("01_", "02_", "03_", "04_", "05_", "06_", "07_", "08_", "09_", "expansion")
-        for marker in (src / ".state").iterdir():
-            iteration, step = marker.name.split(".")[:2]
+        for done in (src / ".state").iterdir():
+            iteration, step = done.name.split(".")[:2]
             if (iteration, step) == ("iter0", "eval") or (iteration == "iter1" and step.startswith(shared_steps)):
-                shutil.copy2(marker, run_dir / ".state" / marker.name)
+                shutil.copy2(done, run_dir / ".state" / done.name)
+        marker.write_text(f"{src}: iteration 0 eval and iteration 1 steps 01-09\n")
         return True
 
     def causalneg(self, seed: int) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,6 +127,23 @@ def test_driver_end_to_end_skip_and_resume(tiny_model_dir, tmp_path, server):
     assert second.returncode == 0, second.stderr[-2000:]
     started = [ln for ln in second.stdout.splitlines() if "] start " in ln and "start report" not in ln]
     assert started == [], started
+    assert outputs(run) == before
+
+    # a training killed before its first checkpoint (--save_steps 0 writes none) leaves its args and log behind;
+    # the rerun must start that training over, not refuse the folder, and end with the same model
+    adapter = run / "iter2" / "adapter"
+    steps_before = [json.loads(x)["step"] for x in (adapter / "train_log.jsonl").open()]
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (adapter / name).unlink()
+    shutil.rmtree(adapter / "checkpoints", ignore_errors=True)
+    for marker in ("iter2.10_train.done", "iter2.eval.done"):
+        (run / ".state" / marker).unlink()
+    (run / "iter2" / "eval" / "eval.json").unlink()
+    assert (adapter / "training_args.json").exists() and steps_before
+    rerun = run_driver(env, timeout=600)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert "start iter2.10_train" in rerun.stdout and "start iter1.10_train" not in rerun.stdout
+    assert [json.loads(x)["step"] for x in (adapter / "train_log.jsonl").open()] == steps_before
     assert outputs(run) == before
 
     # a run killed during expansion, then resumed, ends with the same outputs as the uninterrupted one
