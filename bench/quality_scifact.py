@@ -136,9 +136,11 @@ class Study:
     def _train_and_eval(self, name: str, data_flags: list[str], steps: int, seed: int) -> dict:
         folder = self.out / "train" / name
         seconds = 0.0
-        if not (folder / "training_args.json").exists():
+        # finished = a saved model (full fine-tuning) or adapter (LoRA); an interrupted run resumes (from step 0
+        # when it saved no checkpoint)
+        if not ((folder / "config.json").exists() or (folder / "adapter_config.json").exists()):
             seconds = run([PY, ROOT / "training" / "10_train_lora.py", *self.train_flags(steps), *data_flags,
-                           "--seed", str(seed), "--output_dir", folder, "--overwrite_output_dir"],
+                           "--seed", str(seed), "--output_dir", folder, "--resume"],
                           self.out / "logs" / f"train_{name}.log")
         model, adapter = self.model_dir(folder)
         return {**self.evaluate(name, model, adapter), "train_seconds": round(seconds), "steps": steps}
