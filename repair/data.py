@@ -448,24 +448,14 @@ def write_beir_slice(train: BeirData, test: BeirData, out: str | os.PathLike, n_
     rng.shuffle(pool)
     docs += pool[: max(0, n_docs - len(docs))]
     docs = sorted(set(docs), key=_id_order)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "qrels").mkdir(exist_ok=True)
-    with open(out / "corpus.jsonl", "w", encoding="utf-8") as fh:
-        for d in docs:
-            fh.write(json.dumps({"_id": d, "title": train.corpus[d]["title"], "text": train.corpus[d]["text"],
-                                 "metadata": {}}) + "\n")
-    with open(out / "queries.jsonl", "w", encoding="utf-8") as fh:
-        for qid in chosen_train:
-            fh.write(json.dumps({"_id": qid, "text": train.queries[qid], "metadata": {}}) + "\n")
-        for qid in chosen_test:
-            fh.write(json.dumps({"_id": qid, "text": test.queries[qid], "metadata": {}}) + "\n")
-    with open(out / "qrels" / "train.tsv", "w", encoding="utf-8") as fh:
-        fh.write("query-id\tcorpus-id\tscore\n")
-        for qid in chosen_train:
-            fh.write(f"{qid}\t{next(iter(train.qrels[qid]))}\t1\n")
-    with open(out / "qrels" / "test.tsv", "w", encoding="utf-8") as fh:
-        fh.write("query-id\tcorpus-id\tscore\n")
-        for qid in chosen_test:
-            for d, s in test.qrels[qid].items():
-                fh.write(f"{qid}\t{d}\t{s}\n")
+    # the project's atomic writers: an interrupted cut never leaves a half slice that a later run would trust
+    write_jsonl(out / "corpus.jsonl", ({"_id": d, "title": train.corpus[d]["title"], "text": train.corpus[d]["text"],
+                                        "metadata": {}} for d in docs))
+    write_jsonl(out / "queries.jsonl",
+                [{"_id": q, "text": train.queries[q], "metadata": {}} for q in chosen_train]
+                + [{"_id": q, "text": test.queries[q], "metadata": {}} for q in chosen_test])
+    header = "query-id\tcorpus-id\tscore"
+    write_lines(out / "qrels" / "train.tsv", [header] + [f"{q}\t{next(iter(train.qrels[q]))}\t1" for q in chosen_train])
+    write_lines(out / "qrels" / "test.tsv",
+                [header] + [f"{q}\t{d}\t{s}" for q in chosen_test for d, s in test.qrels[q].items()])
     return {"train_claims": len(chosen_train), "test_claims": len(chosen_test), "corpus": len(docs)}

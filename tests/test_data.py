@@ -177,8 +177,8 @@ def test_beir_slice_keeps_every_chosen_positive_and_is_seeded(tmp_path):
 
     src = tmp_path / "src"
     (src / "qrels").mkdir(parents=True)
-    (src / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": f"T{i}", "text": f"text {i}"}) + "\n"
-                                              for i in range(40)))
+    docs = [{"_id": f"d{i}", "title": f"T{i}", "text": f"text {i} \u03b2-catenin"} for i in range(40)]
+    (src / "corpus.jsonl").write_text("".join(json.dumps(doc) + "\n" for doc in docs))
     (src / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": f"claim {i}"}) + "\n"
                                                for i in range(12)))
     train_rows = "".join(f"q{i}\td{2 * i}\t1\nq{i}\td{2 * i + 1}\t1\n" for i in range(8))  # two positives each
@@ -196,6 +196,8 @@ def test_beir_slice_keeps_every_chosen_positive_and_is_seeded(tmp_path):
         assert positives == test.qrels[qid]  # every positive of a test claim is kept...
     kept = {d for pos in [*cut_train.qrels.values(), *cut_test.qrels.values()] for d in pos}
     assert kept <= set(cut_train.corpus) and len(cut_train.corpus) == 10  # ...inside the corpus, padded to 10
+    assert "\u03b2-catenin" in (tmp_path / "a" / "corpus.jsonl").read_text(encoding="utf-8")  # UTF-8, as all our JSONL
+    assert not [p for p in (tmp_path / "a").rglob("*") if p.name.endswith(".tmp")]  # atomic writes left no temp file
     write_beir_slice(train, test, tmp_path / "b", n_train=3, n_test=2, n_docs=10, seed=5)
     for name in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv", "qrels/test.tsv"):
         assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text()
