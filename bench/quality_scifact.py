@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from repair.data import load_beir, load_seed, write_beir_slice  # noqa: E402
+from repair.train import training_finished  # noqa: E402
 
 PY = sys.executable
 
@@ -136,9 +137,8 @@ class Study:
     def _train_and_eval(self, name: str, data_flags: list[str], steps: int, seed: int) -> dict:
         folder = self.out / "train" / name
         seconds = 0.0
-        # finished = a saved model (full fine-tuning) or adapter (LoRA); an interrupted run resumes (from step 0
-        # when it saved no checkpoint)
-        if not ((folder / "config.json").exists() or (folder / "adapter_config.json").exists()):
+        # an interrupted run resumes (from step 0 when it saved no checkpoint)
+        if not training_finished(folder):
             seconds = run([PY, ROOT / "training" / "10_train_lora.py", *self.train_flags(steps), *data_flags,
                            "--seed", str(seed), "--output_dir", folder, "--resume"],
                           self.out / "logs" / f"train_{name}.log")

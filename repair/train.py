@@ -321,14 +321,17 @@ def _trim_log(path: Path, step: int) -> None:
     write_jsonl(path, keep)
 
 
-def _final_exists(output_dir: Path) -> bool:
+def training_finished(output_dir: str | os.PathLike) -> bool:
+    """A finished run: its arguments and the saved model (full fine-tuning) or adapter (LoRA). Callers that
+    orchestrate runs (the quality study) ask this instead of guessing from file names."""
+    output_dir = Path(output_dir)
     return (output_dir / ARGS_FILE).exists() and ((output_dir / "adapter_config.json").exists()
                                                  or (output_dir / "config.json").exists())
 
 
 def _check_output_dir(cfg: TrainConfig, output_dir: Path) -> bool:
     """Whether the folder holds an earlier run; refuse to mix runs unless --resume or --overwrite_output_dir."""
-    busy = bool(_final_exists(output_dir) or list_checkpoints(output_dir) or (output_dir / TRAIN_LOG).exists())
+    busy = bool(training_finished(output_dir) or list_checkpoints(output_dir) or (output_dir / TRAIN_LOG).exists())
     if busy and not (cfg.resume or cfg.overwrite_output_dir):
         raise FileExistsError(f"{output_dir} already holds a run; pass --resume to continue it or "
                               f"--overwrite_output_dir to start over")
@@ -437,7 +440,7 @@ def train(cfg: TrainConfig) -> dict:
     cfg.validate()
     rank, world = dist_info()
     output_dir = Path(cfg.output_dir)
-    if cfg.resume and not cfg.overwrite_output_dir and _final_exists(output_dir):
+    if cfg.resume and not cfg.overwrite_output_dir and training_finished(output_dir):
         logger.info("%s: training already finished; nothing to resume", output_dir)
         return {**read_json(output_dir / ARGS_FILE).get("result", {}), "status": "already_finished"}
     busy = _check_output_dir(cfg, output_dir)  # every rank checks, so every rank raises alike

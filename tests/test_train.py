@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from helpers_train import synthetic_pairs, write_jsonl
 from repair.data import read_json, read_jsonl
 from repair.encoding import Retriever
-from repair.train import TrainConfig, list_checkpoints, mean_loss, train
+from repair.train import TrainConfig, list_checkpoints, mean_loss, train, training_finished
 from repair.train_data import load_training_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,7 +152,7 @@ def test_resume_after_stop_matches_uninterrupted_run(tiny_model_dir, data_files,
     argv = base_argv(tiny_model_dir, data_files, tmp_path / "run", "--save_steps", "4")
     first = train(cli_config(argv + ["--stop_after_steps", "3"]))
     assert first["status"] == "stopped" and first["step"] == 3
-    assert not (tmp_path / "run" / "adapter_config.json").exists()
+    assert not (tmp_path / "run" / "adapter_config.json").exists() and not training_finished(tmp_path / "run")
     with pytest.raises(FileExistsError, match="--resume"):
         train(cli_config(argv))
     second = train(cli_config(argv + ["--resume"]))
@@ -162,6 +162,7 @@ def test_resume_after_stop_matches_uninterrupted_run(tiny_model_dir, data_files,
     for name in ref:  # same seed, same data order, restored optimizer/scheduler/RNG: the same weights
         torch.testing.assert_close(got[name], ref[name], atol=1e-6, rtol=0)
     assert [r["step"] for r in read_jsonl(tmp_path / "run" / "train_log.jsonl")] == list(range(1, 9))
+    assert training_finished(tmp_path / "run")  # what the quality study asks before it skips a row
     again = train(cli_config(argv + ["--resume"]))
     assert again["status"] == "already_finished"
 
@@ -210,7 +211,7 @@ def test_full_finetune_folder_loads_with_retriever_load(tiny_model_dir, data_fil
     result = train(cli_config(base_argv(tiny_model_dir, data_files, out, "--full_finetune", "--max_steps", "2",
                                         "--save_steps", "0", "--lr", "1e-3")))
     assert result["step"] == 2 and (out / "model.safetensors").exists()
-    assert not (out / "adapter_config.json").exists()
+    assert not (out / "adapter_config.json").exists() and training_finished(out)
     tuned = Retriever.load(str(out), max_length=64)
     base = Retriever.load(str(tiny_model_dir), max_length=64)
     texts = ["iron zinc gold", "omega psi chi"]
