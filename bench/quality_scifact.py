@@ -19,7 +19,7 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
     python bench/quality_scifact.py --scifact ../shared/data/scifact --out runs/quality --rows offshelf inbatch bm25 repair --seeds 1 2
     python bench/quality_scifact.py --out runs/quality --summarize      # the table for docs/results.md
     # the secondary study: SmolLM2-135M (EOS pooling, LoRA lr 1e-3, 32 steps) on a 256/100/1000 subset at 128 tokens
-    python bench/quality_scifact.py --out runs/quality_smollm2 --subset 256 100 1000 --model smollm2-135m \\
+    python bench/quality_scifact.py --out runs/quality_smollm2_b --subset 256 100 1000 --model smollm2-135m \\
         --full_finetune 0 --lora_lr 1e-3 --temperature 0.02 --max_length 128 --steps 32 \\
         --rows offshelf inbatch repair --seeds 1 --iters 1 --max_rounds 1
 """
