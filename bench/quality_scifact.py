@@ -96,14 +96,13 @@ class Study:
             flags[flags.index("--lr") + 1] = str(a.lora_lr)
         return flags
 
-    def evaluate(self, name: str, model: str, adapter: str | None = None) -> dict:
+    def evaluate(self, name: str, model: str) -> dict:
+        """nDCG@10 / Recall@100 on the SciFact test claims and BIOSSES Spearman; ``model`` may be an adapter folder."""
         out = self.out / "eval" / f"{name}.json"
         if not out.exists():
             cmd = [PY, ROOT / "eval" / "eval_suite.py", "--model", model, "--data", f"scifact:ir:{self.scifact}",
                    self.biosses, "--max_length", str(self.args.max_length), "--output", out,
                    "--cache_dir", self.out / "cache"]
-            if adapter:
-                cmd += ["--adapter", adapter]
             run(cmd, self.out / "logs" / f"eval_{name}.log")
         res = json.loads(out.read_text())
         by = {r["dataset"]: r for r in res["results"]}
@@ -117,12 +116,6 @@ class Study:
                  self.scifact, "--split", "train", "--corpus", self.scifact, "--output_jsonl", path],
                 self.out / "logs" / "bm25_triplets.log")
         return path
-
-    def model_dir(self, folder: Path) -> tuple[str, str | None]:
-        """(model, adapter) for a trained output folder (full fine-tuning saves a model, LoRA an adapter)."""
-        if (folder / "adapter_config.json").exists():
-            return self.args.model, str(folder)
-        return str(folder), None
 
     def save(self, row: str, result: dict) -> None:
         (self.rows / f"{row}.json").write_text(json.dumps(result, indent=1))
@@ -143,8 +136,8 @@ class Study:
             seconds = run([PY, ROOT / "training" / "10_train_lora.py", *self.train_flags(steps), *data_flags,
                            "--seed", str(seed), "--output_dir", folder, "--resume"],
                           self.out / "logs" / f"train_{name}.log")
-        model, adapter = self.model_dir(folder)
-        return {**self.evaluate(name, model, adapter), "train_seconds": round(seconds), "steps": steps}
+        # a LoRA folder is passed as the model: the eval suite reads its base from adapter_config.json
+        return {**self.evaluate(name, str(folder)), "train_seconds": round(seconds), "steps": steps}
 
     def inbatch(self, seed: int, steps: int | None = None, tag: str = "inbatch") -> dict:
         return self._train_and_eval(f"{tag}_s{seed}", ["--train_data", self.scifact, "--split", "train"],
