@@ -53,6 +53,8 @@
 #   GROUNDING       none | pubchem | mp | both (mp needs $MP_API_KEY) [none]
 #   GENERATOR       hf | openai [hf]
 #   GEN_MODEL       generator model for hf [MODEL]; for openai: $OPENAI_MODEL or the server's first model
+#   GEN_ADAPTER     hf generator's LoRA: auto = the retriever's current adapter when GEN_MODEL is MODEL (the
+#                   paper: M_theta writes the queries), none = the plain generator, or an adapter folder [auto]
 #   OPENAI_URL      OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama) [$OPENAI_BASE_URL]
 #   TARGET_K        max negative candidates per verified query [20]
 #   VALID_FACTOR    stop expansion at VALID_FACTOR x |T0| valid tuples [2]
@@ -129,6 +131,7 @@ ELSEVIER_KEY_FILE=${ELSEVIER_KEY_FILE:-}
 GROUNDING=${GROUNDING:-none}
 GENERATOR=${GENERATOR:-hf}
 GEN_MODEL=${GEN_MODEL:-$MODEL}
+GEN_ADAPTER=${GEN_ADAPTER:-auto}
 OPENAI_URL=${OPENAI_URL:-${OPENAI_BASE_URL:-}}
 TARGET_K=${TARGET_K:-20}
 VALID_FACTOR=${VALID_FACTOR:-2}
@@ -163,6 +166,9 @@ if (( TOP_K < CONSISTENCY_K )); then
   echo "TOP_K ($TOP_K) must be >= CONSISTENCY_K ($CONSISTENCY_K): 09 decides rank(d+) <= kappa from 08's top-k list" >&2; exit 2
 fi
 case "$EXTRACTOR" in regex|matdetector) ;; *) echo "EXTRACTOR must be regex or matdetector" >&2; exit 2 ;; esac
+if [[ "$GEN_ADAPTER" != auto && "$GEN_ADAPTER" != none && ! -f "$GEN_ADAPTER/adapter_config.json" ]]; then
+  echo "GEN_ADAPTER must be auto, none or a LoRA adapter folder (no adapter_config.json in '$GEN_ADAPTER')" >&2; exit 2
+fi
 if [[ -z "$LOCAL_CORPUS" && "$SOURCE" == local ]]; then
   if [[ -d "$TRAIN_DATA" ]]; then LOCAL_CORPUS="$TRAIN_DATA"; else
     echo "SOURCE=local needs LOCAL_CORPUS (a BEIR folder or JSONL of papers)" >&2; exit 2; fi
@@ -262,7 +268,12 @@ for ((k = 1; k <= ITERS; k++)); do
   GEN_BACKEND=(--backend "$GENERATOR")
   if [[ "$GENERATOR" == hf ]]; then
     GEN_BACKEND+=(--model "$GEN_MODEL")
-    [[ "$GEN_MODEL" == "$MODEL" && -n "$CUR_ADAPTER" ]] && GEN_BACKEND+=(--adapter "$CUR_ADAPTER")
+    if [[ "$GEN_ADAPTER" == auto ]]; then
+      # a contrastively trained adapter can wreck a small generator's text (docs/results.md, SmolLM2 iteration 2)
+      [[ "$GEN_MODEL" == "$MODEL" && -n "$CUR_ADAPTER" ]] && GEN_BACKEND+=(--adapter "$CUR_ADAPTER")
+    elif [[ "$GEN_ADAPTER" != none ]]; then
+      GEN_BACKEND+=(--adapter "$GEN_ADAPTER")
+    fi
   else
     [[ -n "$OPENAI_URL" ]] && GEN_BACKEND+=(--openai_url "$OPENAI_URL")
   fi

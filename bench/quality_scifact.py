@@ -13,6 +13,8 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
                         differentiation -> training on T0 + new triplets), each iteration 52 steps from the last
   causalneg             as repair with NEGATIVES=causalneg (CoT counterfactual negatives on --cn_ratio of the kept
                         tuples + QEM); iteration 1's stages up to 09 are copied from repair_s<seed> when it has them
+  repair_basegen        as repair, but the generator is the plain backbone in every iteration (GEN_ADAPTER=none;
+                        the paper merges the retriever's adapter into it); iteration 1 is copied from repair_s<seed>
   inbatch2x / bm25x2    the 2-iteration budget (104 steps) for plain fine-tuning, to compare with repair iter 2
   st_reference          sentence-transformers' own trainer (MultipleNegativesRankingLoss), the calibration peer
 
@@ -196,29 +198,33 @@ class Study:
             (run_dir / ".state").mkdir(exist_ok=True)
             (run_dir / ".state" / "iter0.eval.done").write_text("0\n")
 
-    def reuse_repair_stages(self, seed: int, run_dir: Path) -> bool:
-        """Start a CausalNeg run from the REPAIR run's finished iteration-1 stages up to 09.
+    def reuse_repair_stages(self, seed: int, run_dir: Path, whole_iteration: bool = False) -> bool:
+        """Start a variant run from the REPAIR run's finished iteration-1 stages (up to 09, or all of them).
 
-        Until 09 the two runs are the same commands with the same seed on the same model (NEGATIVES only changes
-        what follows 09), so copying their outputs and done markers gives the files a fresh run would write and
-        the row pays only for what differs: the generated negatives, training with QEM and evaluation. Later
-        iterations start from a different trained model and are always run.
+        Up to 09 a CausalNeg run is the same commands with the same seed on the same model (NEGATIVES only changes
+        what follows 09); a GEN_ADAPTER=none run is the same through iteration 1's evaluation (iteration 1's
+        generator has no retriever adapter yet). Copying those outputs and done markers gives the files a fresh
+        run would write, and the row pays only for what differs. Later iterations are always run.
         """
         src = self.out / "repair" / f"repair_s{seed}"
+        last = "iter1.eval" if whole_iteration else "iter1.09_consistency"
         marker = run_dir / "REUSED_FROM"  # so a resumed row still reports where its stages came from
-        if (run_dir / "iter1").exists() or not (src / ".state" / "iter1.09_consistency.done").exists():
+        if (run_dir / "iter1").exists() or not (src / ".state" / f"{last}.done").exists():
             return marker.exists()
         (run_dir / "iter1").mkdir(parents=True)
         (run_dir / ".state").mkdir(exist_ok=True)
         shutil.copytree(src / "iter0", run_dir / "iter0", dirs_exist_ok=True)
-        for stage in ("diagnosis", "expansion", "differentiation"):
+        stages = ("diagnosis", "expansion", "differentiation") + (("adapter", "eval") if whole_iteration else ())
+        for stage in stages:
             shutil.copytree(src / "iter1" / stage, run_dir / "iter1" / stage)
         shared_steps = ("01_", "02_", "03_", "04_", "05_", "06_", "07_", "08_", "09_", "expansion")
+        if whole_iteration:
+            shared_steps += ("10_", "eval")
         for done in (src / ".state").iterdir():
             iteration, step = done.name.split(".")[:2]
             if (iteration, step) == ("iter0", "eval") or (iteration == "iter1" and step.startswith(shared_steps)):
                 shutil.copy2(done, run_dir / ".state" / done.name)
-        marker.write_text(f"{src}: iteration 0 eval and iteration 1 steps 01-09\n")
+        marker.write_text(f"{src}: iteration 0 eval and iteration 1 steps {'01-eval' if whole_iteration else '01-09'}\n")
         return True
 
     def causalneg(self, seed: int) -> dict:
@@ -226,6 +232,11 @@ class Study:
         reused = self.reuse_repair_stages(seed, self.out / "repair" / name)
         extra = {"NEGATIVES": "causalneg", "CN_RATIO": str(self.args.cn_ratio), "CN_EXTRA": self.args.cn_extra}
         return {**self._driver(name, seed, extra), "reused_repair_stages": reused}
+
+    def repair_basegen(self, seed: int) -> dict:
+        name = f"repair_basegen_s{seed}"
+        reused = self.reuse_repair_stages(seed, self.out / "repair" / name, whole_iteration=True)
+        return {**self._driver(name, seed, {"GEN_ADAPTER": "none"}), "reused_repair_stages": reused}
 
     def st_reference(self, seed: int) -> dict:
         folder = self.out / "train" / f"st_reference_s{seed}"

@@ -189,6 +189,9 @@ def test_driver_input_errors(tmp_path):
     env = dict(os.environ, TOP_K="3", CONSISTENCY_K="5", OUT_DIR=str(tmp_path / "r"))
     proc = run_driver(env, timeout=60)
     assert proc.returncode == 2 and "TOP_K (3) must be >= CONSISTENCY_K (5)" in proc.stderr
+    env = dict(os.environ, GEN_ADAPTER=str(tmp_path / "no_adapter"), OUT_DIR=str(tmp_path / "r"))
+    proc = run_driver(env, timeout=60)
+    assert proc.returncode == 2 and f"no adapter_config.json in '{tmp_path / 'no_adapter'}'" in proc.stderr
     assert help_text.returncode == 0 and "CONSISTENCY_K" in help_text.stdout and "--gres=gpu" not in help_text.stdout
 
 
