@@ -89,7 +89,7 @@ class Study:
     def train_flags(self, steps: int) -> list[str]:
         a = self.args
         flags = ["--model", a.model, "--max_length", str(a.max_length), "--temperature", str(a.temperature),
-                 "--global_batch_size", "32", "--mini_batch_size", "64", "--lr", str(a.lr), "--warmup_ratio", "0.1",
+                 "--global_batch_size", "32", "--mini_batch_size", str(a.mini_batch_size), "--lr", str(a.lr), "--warmup_ratio", "0.1",
                  "--weight_decay", "0.01", "--epochs", "100", "--max_steps", str(steps), "--save_steps", "0",
                  "--no_progress"]
         if a.full_finetune:
@@ -162,7 +162,7 @@ class Study:
                "ITERS": str(a.iters), "EVAL_DATA": f"scifact:ir:{self.scifact} {self.biosses}",
                "LOCAL_CORPUS": self.scifact, "GEN_MODEL": a.generator, "MAX_LENGTH": str(a.max_length),
                "LR": str(a.lora_lr if (a.lora_lr and not a.full_finetune) else a.lr),
-               "TEMPERATURE": str(a.temperature), "GLOBAL_BATCH": "32", "MINI_BATCH": "64",
+               "TEMPERATURE": str(a.temperature), "GLOBAL_BATCH": "32", "MINI_BATCH": str(a.mini_batch_size),
                "FULL_FINETUNE": "1" if a.full_finetune else "0", "SEED": str(seed),
                "MAX_ROUNDS": str(a.max_rounds), "PYTHON": PY,
                "TRAIN_EXTRA": f"--max_steps {a.steps} --epochs 100 --warmup_ratio 0.1 --weight_decay 0.01 "
@@ -282,6 +282,10 @@ def main() -> None:
     p.add_argument("--max_length", type=int, default=256, help="tokens per text (default: %(default)s)")
     p.add_argument("--steps", type=int, default=None,
                    help="optimizer steps per training run (default: 2 epochs of T0 at batch 32; 52 on SciFact)")
+    p.add_argument("--mini_batch_size", type=int, default=64,
+                   help="texts per forward pass; when a batch's queries or documents exceed it, GradCache chunks them "
+                        "(the same gradients, bounded memory: SmolLM2 with one hard negative per query went past "
+                        "23 GB on CPU at 64, the no-chunking value for 32 queries) (default: %(default)s)")
     p.add_argument("--subset", type=int, nargs=3, metavar=("TRAIN", "TEST", "DOCS"), default=None,
                    help="study a seeded SciFact subset instead (train claims, test claims, corpus size; every chosen "
                         "positive is kept): the secondary SmolLM2 study")
