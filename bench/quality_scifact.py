@@ -15,15 +15,17 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
                         tuples + QEM); iteration 1's stages up to 09 are copied from repair_s<seed> when it has them
   repair_basegen        as repair, but the generator is the plain backbone in every iteration (GEN_ADAPTER=none;
                         the paper merges the retriever's adapter into it); iteration 1 is copied from repair_s<seed>
-  inbatch2x / bm25x2    the 2-iteration budget (104 steps) for plain fine-tuning, to compare with repair iter 2
+  inbatch2x / bm25x2    the 2-iteration budget (2 x --steps) for plain fine-tuning, to compare with repair iter 2
   st_reference          sentence-transformers' own trainer (MultipleNegativesRankingLoss), the calibration peer
 
     python bench/quality_scifact.py --scifact ../shared/data/scifact --out runs/quality --rows offshelf inbatch bm25 repair --seeds 1 2
     python bench/quality_scifact.py --out runs/quality --summarize      # the table for docs/results.md
-    # the secondary study: SmolLM2-135M (EOS pooling, LoRA lr 1e-3, 32 steps) on a 256/100/1000 subset at 128 tokens
-    python bench/quality_scifact.py --out runs/quality_smollm2_b --subset 256 100 1000 --model smollm2-135m \\
-        --full_finetune 0 --lora_lr 1e-3 --temperature 0.02 --max_length 128 --steps 32 \\
-        --rows offshelf inbatch repair --seeds 1 --iters 1 --max_rounds 1
+    # the secondary study: SmolLM2-135M (EOS pooling, LoRA lr 1e-3, 32 steps per training) on a 256/100/1000
+    # subset at 128 tokens; REPAIR's trainings hold a hard negative per query, hence the GradCache chunking
+    O="--out runs/quality_smollm2_b --subset 256 100 1000 --model smollm2-135m --full_finetune 0 --lora_lr 1e-3
+       --temperature 0.02 --max_length 128 --steps 32 --iters 2 --max_rounds 1"
+    python bench/quality_scifact.py $O --rows offshelf inbatch inbatch2x --seeds 1
+    python bench/quality_scifact.py $O --rows repair repair_basegen --seeds 1 --mini_batch_size 32
 """
 
 from __future__ import annotations
