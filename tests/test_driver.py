@@ -242,3 +242,46 @@ def test_driver_causalneg_negatives_reach_training_with_qem(tiny_model_dir, tmp_
     assert args["qem_lambda"] == 0.1 and args["num_hard_negatives"] == -1
     log = [json.loads(x) for x in (tmp_path / "run_cn" / "iter1" / "adapter" / "train_log.jsonl").open()]
     assert sum(row["qem_queries"] for row in log) > 0  # the entropy term saw generated negatives
+
+
+def generator_command(env: dict, run: Path) -> str:
+    """Start the driver, wait for it to write iteration 1's first generation command, stop it, return the command.
+
+    The step's .cmd file is written before the step runs, so this reads exactly what 05 was launched with without
+    depending on what the tiny random model generates; the killed round is not marked done and reruns next time.
+    """
+    cmd_file = run / "logs" / "iter1.05_generate.r1.cmd"
+    cmd_file.unlink(missing_ok=True)
+    proc = subprocess.Popen(["bash", str(ROOT / "run_repair.sh")], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not cmd_file.exists():
+        time.sleep(0.2)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    output = proc.communicate()[0]
+    assert cmd_file.exists(), output[-3000:]
+    return cmd_file.read_text()
+
+
+def test_driver_gen_adapter_chooses_the_generators_lora(tiny_model_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModel
+
+    adapters = {}
+    for name in ("retriever", "other"):  # two real LoRA adapters on the tiny model
+        lora = get_peft_model(AutoModel.from_pretrained(tiny_model_dir),
+                              LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
+        lora.save_pretrained(tmp_path / name)
+        adapters[name] = str(tmp_path / name)
+    data = make_corpus(tmp_path / "matsci")
+    env = driver_env(tmp_path, tiny_model_dir, data, "http://127.0.0.1:9", "run_gen")
+    env.update({"GENERATOR": "hf", "ITERS": "1", "EVAL_DATA": "", "ADAPTER": adapters["retriever"]})
+    run = tmp_path / "run_gen"
+    # auto (the paper): the generator is the retriever's backbone with the retriever's current adapter
+    assert f"--adapter {adapters['retriever']}" in generator_command(env, run)
+    assert "--adapter" not in generator_command({**env, "GEN_ADAPTER": "none"}, run)
+    chosen = generator_command({**env, "GEN_ADAPTER": adapters["other"]}, run)
+    assert f"--adapter {adapters['other']}" in chosen and adapters["retriever"] not in chosen
+    # a different generator model never gets the retriever's adapter under auto
+    assert "--adapter" not in generator_command({**env, "GEN_MODEL": str(tiny_model_dir) + "/"}, run)
