@@ -67,7 +67,7 @@
 #   NEGATIVES       repair | causalneg (adds CoT counterfactual negatives + QEM) [repair]
 #   CN_K            generated counterfactual negatives per query for NEGATIVES=causalneg [3]
 #   CN_RATIO        share of the kept tuples that get generated negatives (Sec. 4.5) [1.0]
-#   CN_EXTRA        extra flags for differentiation/10_counterfactual_negatives.py []
+#   CN_EXTRA        extra flags for differentiation/09b_counterfactual_negatives.py []
 # Training
 #   EPOCHS [2; demo 1]  LR [2e-5; demo 1e-4]  TEMPERATURE [0.02]  GLOBAL_BATCH [256; demo 16]
 #   MINI_BATCH [32]  NUM_HARD_NEG (per triplet; -1 = all) [1; causalneg -1]
@@ -317,7 +317,7 @@ for ((k = 1; k <= ITERS; k++)); do
     CN="$DIF/final_train_data.causalneg.bottom_${PP}pct.jsonl"
     CN_RESUME=(); [[ -f "$CN" ]] && CN_RESUME=(--resume)
     # shellcheck disable=SC2086
-    step "iter$k.10_counterfactual" "" "$PYTHON" "$HERE/differentiation/10_counterfactual_negatives.py" --input_jsonl "$FINAL" \
+    step "iter$k.09b_counterfactual" "" "$PYTHON" "$HERE/differentiation/09b_counterfactual_negatives.py" --input_jsonl "$FINAL" \
       --output_jsonl "$CN" --k "$CN_K" --ratio "$CN_RATIO" --corpus "${LOCAL_CORPUS:-$TRAIN_DATA}" "${GEN_BACKEND[@]}" \
       --seed "$SEED" "${CN_RESUME[@]}" "${DEVICE_FLAG[@]}" $CN_EXTRA
     FINAL="$CN"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The CausalNeg paper's negative diagnostics (Sec. 2.3 / 4.3, Table 5; Sec. 2.4, Fig. 3, Table 3), per negative
-source, on triplet files written by differentiation/10_counterfactual_negatives.py (or any triplet JSONL).
+source, on triplet files written by differentiation/09b_counterfactual_negatives.py (or any triplet JSONL).
 
 Embedding space (a frozen retriever, default all-MiniLM-L6-v2): mean query similarity, similarity-range and histogram
 overlap with mined negatives, intra-negative diversity, template-pattern ratio, HDBSCAN pure-cluster ratio.

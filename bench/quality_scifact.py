@@ -116,7 +116,7 @@ class Study:
     def bm25_triplets(self) -> Path:
         path = self.out / "data" / "scifact_train_bm25.jsonl"
         if not path.exists():
-            run([PY, ROOT / "differentiation" / "10_counterfactual_negatives.py", "--config", "mined", "--input",
+            run([PY, ROOT / "differentiation" / "09b_counterfactual_negatives.py", "--config", "mined", "--input",
                  self.scifact, "--split", "train", "--corpus", self.scifact, "--output_jsonl", path],
                 self.out / "logs" / "bm25_triplets.log")
         return path
@@ -300,7 +300,7 @@ def main() -> None:
     # only in what CausalNeg adds (generated negatives + QEM); the rest sizes SmolLM2's generation for a CPU
     p.add_argument("--cn_extra", default="--num_mined 1 --max_retries 1 --write_tokens 160 --decompose_tokens 128 "
                                          "--target_words 100",
-                   help="causalneg row: extra flags for 10_counterfactual_negatives.py (CN_EXTRA; default: %(default)s)")
+                   help="causalneg row: extra flags for 09b_counterfactual_negatives.py (CN_EXTRA; default: %(default)s)")
     p.add_argument("--summarize", action="store_true", help="print the results table and exit")
     args = p.parse_args()
     out = Path(args.out)

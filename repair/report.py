@@ -19,7 +19,7 @@ from .data import iter_jsonl, read_json
 logger = logging.getLogger(__name__)
 
 STAGES = {"diagnosis": ("01_", "02_", "03_", "04_"), "expansion": ("05_", "06_"),
-          "differentiation": ("07_", "08_", "09_", "10_counterfactual"), "training": ("10_train",),
+          "differentiation": ("07_", "08_", "09_", "09b_counterfactual"), "training": ("10_train",),
           "eval": ("eval",)}
 
 

@@ -1,4 +1,4 @@
-"""CausalNeg negatives (repair/negatives.py, differentiation/10_counterfactual_negatives.py): prompt building, tolerant
+"""CausalNeg negatives (repair/negatives.py, differentiation/09b_counterfactual_negatives.py): prompt building, tolerant
 parsing of recorded generator outputs (malformed ones included), stage-2 planning, corpus baselines with positives
 excluded, the whole step against a real OpenAI-compatible HTTP server (retries, failures counted, traces, resume,
 reuse of generations) and against a tiny random local model that only writes garbage."""
@@ -25,7 +25,7 @@ from tests.helpers_sources import FakeServer, openai_route
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "data" / "demo" / "scifact-tiny"
-SCRIPT = ROOT / "differentiation" / "10_counterfactual_negatives.py"
+SCRIPT = ROOT / "differentiation" / "09b_counterfactual_negatives.py"
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -13,12 +13,12 @@ negative_sources ("mined" | "generated") and negative_traces (requirement, pertu
 The summary prints the trainer flags the configuration needs (--num_hard_negatives -1, --qem_lambda ...).
 
 Examples:
-  python differentiation/10_counterfactual_negatives.py --config mined --input ../shared/data/scifact --split train \\
+  python differentiation/09b_counterfactual_negatives.py --config mined --input ../shared/data/scifact --split train \\
       --corpus ../shared/data/scifact --output_jsonl neg/mined.jsonl
-  python differentiation/10_counterfactual_negatives.py --config causalneg --input ../shared/data/scifact \\
+  python differentiation/09b_counterfactual_negatives.py --config causalneg --input ../shared/data/scifact \\
       --corpus ../shared/data/scifact --ratio 0.25 --output_jsonl neg/causalneg.jsonl --resume
   # REPAIR's triplets + 3 CoT negatives each (their own hard negatives stay the mined ones):
-  python differentiation/10_counterfactual_negatives.py --config causalneg --input final_train_data.bottom_30pct.jsonl \\
+  python differentiation/09b_counterfactual_negatives.py --config causalneg --input final_train_data.bottom_30pct.jsonl \\
       --corpus corpus_dir --output_jsonl final_train_data.causalneg.jsonl --backend openai --resume
 """
 
