@@ -8,8 +8,12 @@ the cleaned query. Queries come in rounds of ``round_size``; round ``r`` is full
 06 (:func:`run_verification`): each generated query is searched in a literature source. No hits: discarded.
 Otherwise the best hit with an abstract gives q_new (its title) and d+ (its abstract), the other hits with an
 abstract (up to ``target_k``) are D-_cand. One complete output line per verified query, a status line per
-processed query (``ok | no_hits | no_abstract | duplicate | failed``); ``--resume`` skips everything but
-``failed``. The driver repeats 05 -> 06 until :func:`count_valid` reaches 2 x |T0| (docs/expansion.md).
+processed query (``ok | no_hits | no_abstract | duplicate | off_concept | refused | failed``); ``--resume``
+skips everything but ``failed``. The output is a function of the inputs only (issue 18): searches run in
+parallel but verdicts are decided and written in the generated file's order, a positive counts as a
+``duplicate`` only against queries *before* it in that order, and a run that resumed failed items rewrites
+the output in input order, so any number of keys, 429s, failures and resumes gives the same bytes. The
+driver repeats 05 -> 06 until :func:`count_valid` reaches 2 x |T0| (docs/expansion.md).
 
 ``--mode concept`` (:func:`run_concept_mode`) keeps the original behaviour: every concept string is searched
 and all its hits are written as one group line ``{concept, got_k, papers}``; :func:`concept_groups_to_tuples`
@@ -24,15 +28,15 @@ import math
 import random
 import re
 import time
-from collections import Counter
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Container, Iterable
 
 from .data import DataError, JsonlAppender, iter_jsonl, read_lines, write_jsonl
 from .generation import DEFAULT_SAMPLING, PROMPT_IDS, build_prompt, clean_query
-from .sources.base import LiteratureSource, Paper
+from .sources.base import LiteratureSource, Paper, cap_query
 from .sources.http import SourceError
 
 logger = logging.getLogger(__name__)
@@ -42,7 +46,8 @@ GENERATED_OPTIONAL = {"concepts": list[str], "round": int, "attributes": dict, "
                       "prompt_id": str, "generator": dict}
 EXPANSION_REQUIRED = {"id": str, "q_model": str, "q_new": str, "d_pos": str, "negative_candidates": list,
                       "source": str}
-DONE_STATUSES = frozenset({"ok", "no_hits", "no_abstract", "duplicate", "off_concept"})
+# "refused": the source answered a 4xx other than 429/401/403 (400, 414 ...): asking again cannot help.
+DONE_STATUSES = frozenset({"ok", "no_hits", "no_abstract", "duplicate", "off_concept", "refused"})
 
 
 def status_path_for(out_jsonl: str | Path) -> Path:
@@ -264,12 +269,13 @@ def mentions_concept(paper: Paper, concepts: list[str]) -> bool:
 
 
 def verify_hits(row: dict, hits: list[Paper], target_k: int, source: str,
-                used_positives: set[str] | None = None, require_concept: bool = False) -> Verdict:
+                used_positives: Container[str] | None = None, require_concept: bool = False) -> Verdict:
     """Apply the paper's verification rule to one generated query's hits (DESIGN 5 step 6).
 
     The top hit that has an abstract is the positive (papers without an abstract cannot be d+); q_new is
     its title. The other hits with a non-empty abstract, in rank order and without copies of the positive,
-    are D-_cand (at most ``target_k``). A positive already used by an earlier tuple is a ``duplicate``.
+    are D-_cand (at most ``target_k``). A positive in ``used_positives`` (dedup keys of the earlier queries'
+    positives) is a ``duplicate``; the record itself never depends on ``used_positives``.
     ``require_concept`` (not in the paper; a stricter option) takes the top hit with an abstract that also
     mentions one of the query's concepts, and calls the query ``off_concept`` when no hit does.
     """
@@ -336,17 +342,23 @@ class VerificationStats:
     skipped_done: int = 0
     valid_before: int = 0
     valid_total: int = 0
+    demoted: int = 0  # tuples of later queries that became "duplicate" when a resumed earlier query took the positive
     stopped: str = ""
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
         return {"processed": dict(self.counts), "skipped_done": self.skipped_done,
-                "valid_before": self.valid_before, "valid_total": self.valid_total, "stopped": self.stopped,
-                "seconds": round(self.seconds, 2)}
+                "valid_before": self.valid_before, "valid_total": self.valid_total,
+                "demoted_to_duplicate": self.demoted, "stopped": self.stopped, "seconds": round(self.seconds, 2)}
 
 
 def _run_items(items: list[Any], work: Callable[[Any], Any], workers: int) -> Iterable[tuple[Any, Any]]:
-    """Yield (item, result-or-exception) as they finish; at most ``2 * workers`` in flight."""
+    """Yield (item, result-or-exception) in input order, with up to ``4 * workers`` items searched ahead.
+
+    Input order (not completion order) is what makes the output independent of timing: with two keys and
+    429s the items finish in a different order every run. A slow head item (a Retry-After) holds back only
+    the writing; the items behind it keep being searched.
+    """
     if workers <= 1:
         for item in items:
             try:
@@ -354,26 +366,99 @@ def _run_items(items: list[Any], work: Callable[[Any], Any], workers: int) -> It
             except Exception as exc:  # noqa: BLE001 - handed to the caller, who decides
                 yield item, exc
         return
+
+    def outcome(item: Any, fut: Future) -> tuple[Any, Any]:
+        exc = fut.exception()  # waits for it
+        return item, exc if exc is not None else fut.result()
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        pending: dict = {}
-        it = iter(items)
+        window: deque[tuple[Any, Future]] = deque()
         try:
-            while True:
-                while len(pending) < 2 * workers:
-                    item = next(it, None)
-                    if item is None:
-                        break
-                    pending[pool.submit(work, item)] = item
-                if not pending:
-                    return
-                done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-                for fut in done:
-                    item = pending.pop(fut)
-                    exc = fut.exception()
-                    yield item, exc if exc is not None else fut.result()
+            for item in items:
+                window.append((item, pool.submit(work, item)))
+                if len(window) >= 4 * workers:
+                    yield outcome(*window.popleft())
+            while window:
+                yield outcome(*window.popleft())
         finally:
-            for fut in pending:
+            for _, fut in window:
                 fut.cancel()
+
+
+class _PositivesBefore:
+    """The positives of the queries *before* ``index`` in the generated file (``first_use`` maps a positive's
+    dedup key to the lowest index that verified it): what a ``duplicate`` verdict may depend on, so a query
+    retried by ``--resume`` gets the verdict it would have had in an uninterrupted run."""
+
+    def __init__(self, first_use: dict[str, int], index: int):
+        self.first_use, self.index = first_use, index
+
+    def __contains__(self, key: object) -> bool:
+        return self.first_use.get(str(key), self.index) < self.index
+
+
+def _positive_key(rec: dict) -> str:
+    meta = rec.get("pos_meta") or {}
+    return Paper(id=meta.get("id", ""), title=rec["q_new"], doi=meta.get("doi")).dedup_key()
+
+
+def _read_generated(generated_jsonl: str | Path) -> list[dict]:
+    """06's input rows; a repeated id is an error naming both lines (ids key resume and input order)."""
+    rows, first_line = [], {}
+    for lineno, row in iter_jsonl(generated_jsonl, required=GENERATED_REQUIRED, optional=GENERATED_OPTIONAL,
+                                  with_lineno=True):
+        if row["id"] in first_line:
+            raise DataError(f"{generated_jsonl}:{lineno}: field 'id': {row['id']!r} repeats line "
+                            f"{first_line[row['id']]} (ids must be unique)")
+        first_line[row["id"]] = lineno
+        rows.append(row)
+    return rows
+
+
+def _capped(row: dict) -> dict:
+    """The row with the query text 06 sends: at most ``repair.sources.base.MAX_QUERY_CHARS`` characters."""
+    query = cap_query(row["query"])
+    if query == row["query"]:
+        return row
+    logger.warning("%s: the query is %d characters long; sending (and keeping as q_model) its first %d",
+                   row["id"], len(row["query"]), len(query))
+    return {**row, "query": query}
+
+
+def _rewrite_in_input_order(out_jsonl: Path, status_path: Path, order: dict[str, int],
+                            dedup: bool) -> int:
+    """Put ``out_jsonl`` in generated-file order and keep only the first tuple of each positive; return how
+    many tuples became ``duplicate``. A no-op unless a resumed query landed after later ones (the only way
+    the order or a duplicate verdict can differ from an uninterrupted run). The status lines of the
+    demoted tuples are written first, then the file is replaced atomically: a kill in between leaves a
+    file the next run rewrites the same way."""
+    if not out_jsonl.exists():
+        return 0
+    current = list(iter_jsonl(out_jsonl, required=EXPANSION_REQUIRED))
+    ranked = sorted(enumerate(current), key=lambda ir: (order.get(ir[1]["id"], len(order)), ir[0]))
+    kept, demoted, seen_ids, holder = [], [], set(), {}
+    for _, rec in ranked:
+        if rec["id"] in seen_ids:
+            continue
+        seen_ids.add(rec["id"])
+        key = _positive_key(rec)
+        if dedup and key in holder:
+            demoted.append((rec, holder[key]))
+            continue
+        holder.setdefault(key, rec["id"])
+        kept.append(rec)
+    if kept == current:
+        return 0
+    with JsonlAppender(status_path) as status_log:
+        for rec, earlier in demoted:
+            status_log.append({"id": rec["id"], "status": "duplicate", "reason": f"positive {rec['pos_meta']['id']} "
+                               f"is also verified for {earlier}, which comes first in the generated file",
+                               "time": round(time.time(), 3)})
+    write_jsonl(out_jsonl, kept)
+    if demoted:
+        logger.info("%d tuple(s) became duplicate: an earlier query retried by --resume verified the same "
+                    "positive", len(demoted))
+    return len(demoted)
 
 
 def _open_outputs(out_jsonl: Path, status_path: Path, resume: bool) -> None:
@@ -390,32 +475,46 @@ def run_verification(source: LiteratureSource, generated_jsonl: str | Path, out_
                      require_concept: bool = False, progress: bool = True) -> VerificationStats:
     """Verify every generated query not done yet; append tuples to ``out_jsonl``, statuses beside it.
 
-    A query is done once its tuple is in ``out_jsonl`` or its last status is ok / no_hits / no_abstract /
-    duplicate; ``failed`` ones (network, 5xx after retries, timeouts) are retried by the next ``--resume``.
-    A fatal :class:`SourceError` (rejected key, exhausted quota) stops the run after recording nothing for
-    the item, and is raised. Stops early when ``target_valid`` tuples exist.
+    A query is done once its tuple is in ``out_jsonl`` or its last status is one of :data:`DONE_STATUSES`;
+    ``failed`` ones (network, 5xx after retries, timeouts) are retried by the next ``--resume``; ``refused``
+    ones (a 4xx such as 400 or 414) are not. A fatal :class:`SourceError` (rejected key, exhausted quota)
+    stops the run after recording nothing for the item, and is raised. Stops early when ``target_valid``
+    tuples exist. Verdicts are decided and written in input order (see the module docstring), so the
+    output does not depend on workers, timing, failures or resumes. An empty generated file is an error
+    (05 produced nothing) unless 05 recorded finished rounds that rejected every completion (a warning).
     """
     from tqdm import tqdm
 
     out_jsonl = Path(out_jsonl)
     status_path = Path(status_path) if status_path else status_path_for(out_jsonl)
+    rows = _read_generated(generated_jsonl)
+    if not rows:
+        totals = generation_summary(generated_jsonl)
+        if not totals["rounds"]:
+            raise DataError(f"{generated_jsonl}: holds no generated query: 05 produced nothing (did it run to "
+                            "the end? see its log)")
+        logger.warning("%s holds no query: 05 finished %d round(s) and rejected all %d completions (%s); nothing "
+                       "to verify", generated_jsonl, totals["rounds"], totals["generated"], totals["rejected"])
     _open_outputs(out_jsonl, status_path, resume)
-    rows = list(iter_jsonl(generated_jsonl, required=GENERATED_REQUIRED, optional=GENERATED_OPTIONAL))
+    order = {row["id"]: i for i, row in enumerate(rows)}
     statuses = read_status(status_path)
-    used: set[str] = set()
+    first_use: dict[str, int] = {}  # positive's dedup key -> lowest input index whose tuple holds it
     done: set[str] = set()
     if out_jsonl.exists():
         JsonlAppender(out_jsonl).close()
         for rec in iter_jsonl(out_jsonl, required=EXPANSION_REQUIRED):
             done.add(rec["id"])
-            meta = rec.get("pos_meta") or {}
-            used.add(Paper(id=meta.get("id", ""), title=rec["q_new"], doi=meta.get("doi")).dedup_key())
+            key, index = _positive_key(rec), order.get(rec["id"], len(rows))
+            first_use[key] = min(first_use.get(key, index), index)
     done |= {i for i, s in statuses.items() if s["status"] in DONE_STATUSES}
     stats = VerificationStats(valid_before=count_valid(out_jsonl))
     todo = [r for r in rows if r["id"] not in done]
     stats.skipped_done = len(rows) - len(todo)
     if max_items is not None:
         todo = todo[:max_items]
+    if rows and not todo:
+        logger.info("nothing left to verify: all %d queries of %s are done", len(rows), generated_jsonl)
+    todo = [_capped(r) for r in todo]
     valid = stats.valid_before
     if target_valid is not None and valid >= target_valid:
         stats.valid_total, stats.stopped = valid, "target_valid reached before start"
@@ -437,6 +536,11 @@ def run_verification(source: LiteratureSource, generated_jsonl: str | Path, out_
             if isinstance(result, SourceError) and result.fatal:
                 fatal = result
                 break
+            if isinstance(result, SourceError) and result.permanent:
+                stats.counts["refused"] += 1
+                status_log.append({"id": row["id"], "status": "refused", "reason": str(result)[:500],
+                                   "http_status": result.status, "time": round(time.time(), 3)})
+                continue
             if isinstance(result, Exception):
                 if not isinstance(result, SourceError):
                     logger.exception("unexpected error on %s", row["id"], exc_info=result)
@@ -444,12 +548,14 @@ def run_verification(source: LiteratureSource, generated_jsonl: str | Path, out_
                 status_log.append({"id": row["id"], "status": "failed", "reason": str(result)[:500],
                                    "time": round(time.time(), 3)})
                 continue
+            index = order[row["id"]]
             verdict = verify_hits(row, result, target_k, source.name,
-                                  None if allow_duplicate_positives else used, require_concept)
+                                  None if allow_duplicate_positives else _PositivesBefore(first_use, index),
+                                  require_concept)
             if verdict.record is not None:
                 out.append(verdict.record)  # the tuple first: a kill before the status line loses nothing
-                used.add(Paper(id=verdict.record["pos_meta"]["id"], title=verdict.record["q_new"],
-                               doi=verdict.record["pos_meta"]["doi"]).dedup_key())
+                key = _positive_key(verdict.record)
+                first_use[key] = min(first_use.get(key, index), index)
                 valid += 1
             stats.counts[verdict.status] += 1
             status_log.append({"id": row["id"], "status": verdict.status, "reason": verdict.reason,
@@ -458,7 +564,8 @@ def run_verification(source: LiteratureSource, generated_jsonl: str | Path, out_
                 stats.stopped = f"target_valid={target_valid} reached"
                 break
         bar.close()
-    stats.valid_total = valid
+    stats.demoted = _rewrite_in_input_order(out_jsonl, status_path, order, not allow_duplicate_positives)
+    stats.valid_total = count_valid(out_jsonl)
     stats.seconds = time.time() - t0
     if fatal is not None:
         stats.stopped = f"fatal: {fatal}"
@@ -480,23 +587,24 @@ def run_concept_mode(source: LiteratureSource, concepts: list[str], out_jsonl: s
     Up to ``2 * target_k`` hits are asked, sorted abstract-first, then cut to ``target_k`` (the original asked
     up to 1000 and did the same, UPSTREAM 2.7). Unlike the
     original, a failed request is not written as ``got_k: 0``: it goes to the status file and is retried on
-    ``--resume``.
+    ``--resume`` (a ``refused`` one, a 4xx, is not). Lines are written in the concept list's order.
     """
     from tqdm import tqdm
 
     out_jsonl = Path(out_jsonl)
     status_path = Path(status_path) if status_path else status_path_for(out_jsonl)
     _open_outputs(out_jsonl, status_path, resume)
-    done = set()
+    written: set[str] = set()
     if out_jsonl.exists():
         JsonlAppender(out_jsonl).close()
-        done = {rec["concept"].lower() for rec in iter_jsonl(out_jsonl, required={"concept": str})}
-    todo = [c for c in concepts if c.lower() not in done]
-    stats = VerificationStats(valid_before=len(done), skipped_done=len(concepts) - len(todo))
+        written = {rec["concept"].lower() for rec in iter_jsonl(out_jsonl, required={"concept": str})}
+    refused = {c.lower() for c, st in read_status(status_path).items() if st["status"] == "refused"}
+    todo = [c for c in concepts if c.lower() not in written | refused]
+    stats = VerificationStats(valid_before=len(written), skipped_done=len(concepts) - len(todo))
 
     def search(concept: str) -> tuple[list[Paper], float]:
         start = time.time()
-        hits = source.search(concept, 2 * target_k)  # spare hits, so abstract-less ones can be pushed out
+        hits = source.search(cap_query(concept), 2 * target_k)  # spare hits, so abstract-less ones go last
         if item_sleep:
             time.sleep(item_sleep)
         return hits, time.time() - start
@@ -510,6 +618,11 @@ def run_concept_mode(source: LiteratureSource, concepts: list[str], out_jsonl: s
             if isinstance(result, SourceError) and result.fatal:
                 fatal = result
                 break
+            if isinstance(result, SourceError) and result.permanent:
+                stats.counts["refused"] += 1
+                status_log.append({"id": concept, "status": "refused", "reason": str(result)[:500],
+                                   "http_status": result.status})
+                continue
             if isinstance(result, Exception):
                 stats.counts["failed"] += 1
                 status_log.append({"id": concept, "status": "failed", "reason": str(result)[:500]})
@@ -522,7 +635,7 @@ def run_concept_mode(source: LiteratureSource, concepts: list[str], out_jsonl: s
             stats.counts[status] += 1
             status_log.append({"id": concept, "status": status, "n_hits": len(papers)})
         bar.close()
-    stats.valid_total = len(done) + stats.counts["ok"]
+    stats.valid_total = len(written) + stats.counts["ok"]
     stats.seconds = time.time() - t0
     if fatal is not None:
         raise fatal

@@ -51,12 +51,14 @@ def build_parser(source: str) -> argparse.ArgumentParser:
     p.add_argument("--search_k", type=int, default=None,
                    help="hits asked per query (default: target_k + 1: the positive and target_k others)")
     p.add_argument("--resume", action="store_true",
-                   help="continue an existing --out_jsonl: skip done items, retry the failed ones")
+                   help="continue an existing --out_jsonl: skip done items (refused ones, a 4xx, included), "
+                        "retry the failed ones")
     p.add_argument("--target_valid", type=int, default=None,
                    help="stop once --out_jsonl holds this many valid tuples (the driver passes 2 x |T0|)")
     p.add_argument("--max_items", type=int, default=None, help="process at most this many items this run")
     p.add_argument("--workers", type=int, default=0,
-                   help="parallel requests; 0 = one per API key (1 for the local corpus) (default: %(default)s)")
+                   help="parallel requests; 0 = one per API key (1 for the local corpus); the output does not "
+                        "depend on it (verdicts are written in input order) (default: %(default)s)")
     p.add_argument("--per_item_sleep", "--per_page_sleep", dest="per_item_sleep", type=float, default=0.0,
                    help="extra pause in seconds after each item, on top of the rate limits (default: %(default)s)")
     p.add_argument("--allow_duplicate_positives", action="store_true",
@@ -79,7 +81,8 @@ def build_parser(source: str) -> argparse.ArgumentParser:
                        help="BM25 score a hit needs; 0 = any shared non-stopword term (default: %(default)s)")
     else:
         p.add_argument("--key_file", default=None,
-                       help=f"API keys, one per line, '#' comments (default: ${KEY_ENVS[source]}, comma-separated)")
+                       help=f"API keys, one per line, '#' comments (default: ${KEY_ENVS[source]}, keys separated "
+                            "by commas or newlines)")
         p.add_argument("--api_url", default=None, help=f"base URL (default: ${URL_ENVS[source]} or the public API)")
         p.add_argument("--rate", type=float, default=None,
                        help="requests per second per key; 0 = no limit (a local mirror) (default: 1 for Semantic "
@@ -120,6 +123,8 @@ def _source_from_args(source: str, args: argparse.Namespace):
 
 def _print_table(stats: dict) -> None:
     rows = [(k, v) for k, v in sorted(stats["processed"].items())]
+    if stats.get("demoted_to_duplicate"):
+        rows.append(("demoted to duplicate", stats["demoted_to_duplicate"]))
     rows += [("skipped (done before)", stats["skipped_done"]), ("valid tuples in file", stats["valid_total"])]
     width = max(len(r[0]) for r in rows)
     print("\n".join(f"  {name:<{width}}  {value}" for name, value in rows), file=sys.stderr)

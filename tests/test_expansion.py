@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from repair.data import read_jsonl
+from repair.data import DataError, read_jsonl
 from repair.expansion import (Grounder, concept_groups_to_tuples, count_valid, read_concepts, read_status,
                               run_concept_mode, run_verification, verify_hits)
 from repair.expansion_cli import verification_main
@@ -173,6 +173,63 @@ def test_fatal_key_error_stops_without_recording_items(tmp_path):
     assert read_status(str(out) + ".status.jsonl") == {} and count_valid(out) == 0
 
 
+def test_4xx_is_refused_once_and_an_overlong_query_is_capped(tmp_path):
+    """A 4xx other than 429/401/403 is permanent: recorded as "refused", counted, never asked again by --resume.
+    A 200,000-character "query" (a broken 05 line) goes out capped at MAX_QUERY_CHARS: before, it went out
+    whole as a URL, got 414 and was retried on every resume."""
+    from repair.sources.base import MAX_QUERY_CHARS
+
+    long_query = "graphene mobility " + "filler " * 30_000
+    gen = tmp_path / "gen.jsonl"
+    gen.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"id": "q-long", "query": long_query}, {"id": "q-bad", "query": "zxcvbnm perovskite"}]))
+    normal = s2_route(_s2_papers())
+    sent: list[str] = []
+
+    def route(req):
+        sent.append(req.query.get("query", ""))
+        if "zxcvbnm" in sent[-1]:
+            return Reply(400, {"error": "Unsupported query syntax"})
+        return normal(req)
+
+    out = tmp_path / "s2.jsonl"
+    with FakeServer(route) as srv:
+        client = SemanticScholar(srv.url + "/graph/v1", keys=[], rate=None, backoff_base=0.01)
+        stats = run_verification(client, gen, out, target_k=3, progress=False)
+        n_sent = len(sent)
+        again = run_verification(client, gen, out, target_k=3, resume=True, progress=False)
+        assert len(sent) == n_sent  # nothing asked again: the 400 is not retried
+    status = read_status(str(out) + ".status.jsonl")
+    assert status["q-bad"]["status"] == "refused" and status["q-bad"]["http_status"] == 400
+    assert "Unsupported query syntax" in status["q-bad"]["reason"]
+    assert stats.counts == {"ok": 1, "refused": 1} and again.skipped_done == 2
+    assert stats.as_dict()["processed"]["refused"] == 1  # in the summary 06 prints
+    assert max(len(q) for q in sent) <= MAX_QUERY_CHARS and status["q-long"]["status"] == "ok"
+    long_rec = next(r for r in read_jsonl(out) if r["id"] == "q-long")
+    assert long_rec["q_model"] == long_query[:len(long_rec["q_model"])] and len(long_rec["q_model"]) <= 512
+
+
+def test_empty_or_inconsistent_generated_file_is_a_clear_error(local, tmp_path, caplog):
+    gen = tmp_path / "generated.jsonl"
+    gen.write_text("")
+    out = tmp_path / "exp.jsonl"
+    with pytest.raises(DataError, match=rf"{gen}: holds no generated query: 05 produced nothing"):
+        verification_main("local_corpus", ["--corpus", str(PAPERS), "--index_dir", str(tmp_path / "idx"),
+                                           "--generated_jsonl", str(gen), "--out_jsonl", str(out), "--no_progress"])
+    assert not out.exists()
+    # legitimate: 05 ran to the end of a round and rejected every completion -> a warning, nothing to do
+    (tmp_path / "generated.jsonl.rounds.jsonl").write_text(json.dumps(
+        {"round": 0, "generated": 2, "accepted": 0, "rejected": [{"id": "r0-0", "reason": "vague", "raw": "x"},
+                                                                 {"id": "r0-1", "reason": "empty", "raw": ""}]}) + "\n")
+    stats = run_verification(local, gen, out, progress=False)
+    assert sum(stats.counts.values()) == 0 and "rejected all 2 completions" in caplog.text
+    # a repeated id would make resume and input order ambiguous: the file and both lines are named
+    rows = read_jsonl(GENERATED)[:3]
+    gen.write_text("".join(json.dumps(r) + "\n" for r in [*rows, rows[1]]))
+    with pytest.raises(DataError, match=rf"{gen}:4: field 'id': '{rows[1]['id']}' repeats line 2"):
+        run_verification(local, gen, tmp_path / "other.jsonl", progress=False)
+
+
 # ---------------------------------------------------------------------------------------------- concept mode
 def test_concept_mode_original_lines_and_conversion(local, tmp_path):
     concepts = read_concepts(CONCEPTS)
@@ -233,6 +290,7 @@ def test_06_killed_mid_run_then_resumed_loses_and_duplicates_nothing(tmp_path):
     got, ref = read_jsonl(out), read_jsonl(reference)
     assert sorted(r["id"] for r in got) == sorted(r["id"] for r in ref)  # none lost, none twice
     assert sorted(got, key=lambda r: r["id"]) == sorted(ref, key=lambda r: r["id"])
+    assert out.read_bytes() == reference.read_bytes()  # same lines in the same (input) order
 
 
 # ---------------------------------------------------------------------------------------------- 05
@@ -367,7 +425,9 @@ def test_planted_keys_never_reach_outputs_or_logs(tmp_path):
         assert r06.returncode == 0, r06.stderr
         assert any(r.headers.get("x-api-key") == s2_key for r in srv.requests)  # the key was really used
     status = read_status(tmp_path / "exp.jsonl.status.jsonl")
-    assert status["r0-2"]["status"] == "failed" and "bad request from ***" in status["r0-2"]["reason"]
+    # a 400 is permanent: "refused" (not retried on --resume), its echoed key scrubbed
+    assert status["r0-2"]["status"] == "refused" and status["r0-2"]["http_status"] == 400
+    assert "bad request from ***" in status["r0-2"]["reason"]
     texts = [r05.stdout, r05.stderr, r06.stdout, r06.stderr]
     texts += [p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()]
     for key in (s2_key, openai_key, mp_key):

@@ -5,6 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Protocol, runtime_checkable
 
+# The longest query text 06 sends to a source. 05 writes at most 40 new tokens (~300 characters); a longer
+# "query" is a broken input line (one 50 MB line went out as a URL and got 414 on every resume, issue 18).
+# URL-encoded, 512 characters stay under the 8 KB request line common servers accept even for 4-byte
+# characters (512 x 4 x 3 = 6 KB).
+MAX_QUERY_CHARS = 512
+
 
 @dataclass
 class Paper:
@@ -58,3 +64,12 @@ def as_int(value) -> int | None:
         return int(str(value)[:4]) if value not in (None, "") else None
     except ValueError:
         return None
+
+
+def cap_query(text: str, limit: int = MAX_QUERY_CHARS) -> str:
+    """``text`` cut to at most ``limit`` characters, at the last space when one is in the second half."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip()

@@ -19,7 +19,7 @@ import os
 
 from ..text import content_words
 from .base import Paper, as_int, dedup_papers
-from .http import ApiClient, AuthError, KeyPool, ResponseCache, SourceError, load_keys
+from .http import ApiClient, AuthError, KeyPool, ResponseCache, SourceError, check_key, load_keys
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +80,11 @@ class ElsevierScopus:
             raise ValueError(f"query_mode must be keywords or raw, got {query_mode!r}")
         self.view, self.auto_view = ("COMPLETE", True) if view == "auto" else (view, False)
         self.query_mode, self.fetch_abstracts = query_mode, fetch_abstracts
-        insttoken = insttoken if insttoken is not None else os.environ.get(INSTTOKEN_ENV, "")
+        token_source = "--insttoken" if insttoken is not None else f"${INSTTOKEN_ENV}"
+        insttoken = (insttoken if insttoken is not None else os.environ.get(INSTTOKEN_ENV, "")).strip()
         headers = {"Accept": "application/json"}
         if insttoken:
-            headers["X-ELS-Insttoken"] = insttoken
+            headers["X-ELS-Insttoken"] = check_key(insttoken, token_source)  # a secret too: same rules
         base = api_url or os.environ.get(URL_ENV) or DEFAULT_URL
         source = f"key file {key_file}" if key_file else f"${KEY_ENV}"
         common = dict(auth_header="X-ELS-APIKey", headers=headers, cache=cache, timeout=timeout, key_env=KEY_ENV,

@@ -9,8 +9,15 @@ no backoff, no per-key rate limit and no rotation. Here every client goes throug
 - retries with exponential backoff on 429/5xx/timeouts, honouring ``Retry-After``;
 - a :class:`ResponseCache` on disk keyed by method + URL + params + body (never the key), so a resumed or
   repeated run never asks twice;
-- errors are :class:`SourceError` (service, status, message). Keys never appear in logs, outputs or
-  exception messages: keys travel only in headers, and every text built from a response is scrubbed.
+- errors are :class:`SourceError` (service, status, message); a 4xx other than 429/401/403 is ``permanent``
+  (the same request will fail again: 06 records the item as ``refused`` and does not retry it).
+
+Keys never appear in logs, outputs or exception messages (issue 18): :func:`load_keys` splits keys on
+newlines and commas and refuses, before the first request, any key that cannot travel in an HTTP header
+(naming the variable or file line, never the key); keys travel only in headers; and every exception that
+leaves :meth:`ApiClient.request`, including ``requests``' own (``InvalidHeader`` quotes the header value)
+and unexpected ones, is a :class:`SourceError` whose text has every secret replaced by ``***`` and no chained
+exception (a traceback would print the original text).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 import uuid
@@ -30,21 +38,41 @@ from typing import Any, Callable
 
 import requests
 
+from ..data import DataError
+
 logger = logging.getLogger(__name__)
 
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})  # 408 Request Timeout: the server gave up waiting
 KEY_REJECTED_STATUSES = frozenset({401, 403})
+# requests' errors for a request that may go through when sent again, and for one that cannot be built at all
+# (a bad base URL or header: every request of the run would fail the same way).
+TRANSIENT_ERRORS = (requests.Timeout, requests.ConnectionError, requests.exceptions.ChunkedEncodingError,
+                    requests.exceptions.ContentDecodingError)
+SETUP_ERRORS = (requests.exceptions.InvalidHeader, requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
+                requests.exceptions.InvalidSchema, requests.exceptions.URLRequired)
 
 
 class SourceError(RuntimeError):
-    """A request to an external service failed. ``fatal`` errors (bad key, quota gone) stop a run;
-    the others are recorded per item and retried on ``--resume``."""
+    """A request to an external service failed. ``fatal`` errors (bad key, quota gone, a request that cannot be
+    built) stop a run; ``permanent`` ones (a 4xx such as 400 or 414: this request will never work) are recorded
+    per item and not retried; the others are recorded per item and retried on ``--resume``."""
 
     def __init__(self, service: str, status: int | None, message: str, *, fatal: bool = False,
-                 code: str | None = None):
-        self.service, self.status, self.message, self.fatal, self.code = service, status, message, fatal, code
-        where = f"HTTP {status}" if status is not None else "no response"
-        super().__init__(f"{service}: {where}: {message}")
+                 code: str | None = None, permanent: bool = False):
+        self.service, self.status, self.fatal, self.code, self.permanent = service, status, fatal, code, permanent
+        self._set_message(message)
+
+    def _set_message(self, message: str) -> None:
+        self.message = message
+        where = f"HTTP {self.status}" if self.status is not None else "no response"
+        self.args = (f"{self.service}: {where}: {message}",)
+
+    def scrub(self, secrets: list[str]) -> "SourceError":
+        """Replace every secret in the message (in place) and drop chained exceptions, whose text a traceback
+        would print; returns self, ready to raise."""
+        self._set_message(scrub(self.message, secrets))
+        self.__cause__, self.__context__, self.__suppress_context__ = None, None, True
+        return self
 
 
 class AuthError(SourceError):
@@ -62,8 +90,31 @@ class QuotaExceeded(SourceError):
 
 
 # ---------------------------------------------------------------------------------------------- keys
+_KEY_SEPARATORS = re.compile(r"[,\r\n]")
+
+
+def check_key(key: str, where: str) -> str:
+    """Return ``key`` if it can travel in an HTTP header, else raise :class:`DataError` naming ``where`` (the
+    variable or file line) and the offending character's position and code point, never the key itself.
+
+    API keys are printable ASCII without spaces. A key with a newline inside made ``requests`` raise
+    ``InvalidHeader`` quoting the whole header, which reached the log and the status file (issue 18).
+    """
+    for pos, char in enumerate(key, start=1):
+        if "!" <= char <= "~":
+            continue
+        kind = ("whitespace" if char.isspace() else
+                "a control character" if ord(char) < 32 or ord(char) == 127 else "a non-ASCII character")
+        raise DataError(f"{where}: the API key holds {kind} (U+{ord(char):04X}) at character {pos} of {len(key)}; "
+                        "a key is printable ASCII without spaces (put one key per line, or separate keys with "
+                        "commas); the key itself is not shown")
+    return key
+
+
 def load_keys(key_file: str | os.PathLike | None = None, env_var: str | None = None) -> list[str]:
-    """API keys from a key file (one per line, ``#`` comments) or else a comma-separated environment variable.
+    """API keys from a key file (one per line or comma-separated, ``#`` comments) or else an environment
+    variable (keys separated by commas or newlines, so ``VAR=$(cat keys.txt)`` works); blanks are dropped
+    and every key is checked by :func:`check_key` before any request is sent.
 
     A key file that is given but holds no key is an error (the original raised too); no file and no
     variable means "no key", which S2 and PubChem allow.
@@ -72,21 +123,26 @@ def load_keys(key_file: str | os.PathLike | None = None, env_var: str | None = N
         path = Path(key_file)
         if not path.exists():
             raise FileNotFoundError(f"{path}: key file not found")
-        keys = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()
-                if ln.strip() and not ln.strip().startswith("#")]
+        keys = []
+        # utf-8-sig: a key file saved by an editor that writes a byte-order mark still reads as ASCII keys
+        for lineno, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
+            line = line.strip()
+            if line and not line.startswith("#"):
+                keys += [check_key(part.strip(), f"{path}:{lineno}") for part in line.split(",") if part.strip()]
         if not keys:
-            raise ValueError(f"{path}: the key file holds no key (one key per line, '#' starts a comment)")
+            raise DataError(f"{path}: the key file holds no key (one key per line, '#' starts a comment)")
         return keys
     if env_var and os.environ.get(env_var, "").strip():
-        return [k.strip() for k in os.environ[env_var].split(",") if k.strip()]
+        keys = [part.strip() for part in _KEY_SEPARATORS.split(os.environ[env_var]) if part.strip()]
+        return [check_key(key, f"${env_var} (key {i} of {len(keys)})") for i, key in enumerate(keys, start=1)]
     return []
 
 
 def scrub(text: str, secrets: list[str]) -> str:
-    """Replace every secret in ``text`` by ``***`` (applied to any message built from a response)."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
+    """Replace every secret in ``text`` by ``***`` (longest first, so a key that contains another key is
+    replaced whole)."""
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, "***")
     return text
 
 
@@ -126,6 +182,8 @@ class KeyPool:
     def __init__(self, keys: list[str] | None, rate_per_key: float | None, service: str = "service",
                  key_source: str = "the configured keys"):
         self.service, self.key_source = service, key_source
+        for i, key in enumerate(keys or [], start=1):  # keys given directly (not through load_keys) too
+            check_key(key, f"{service}: key #{i} of {len(keys)} from {key_source}")
         self.keys: list[str | None] = list(keys) if keys else [None]
         self.limiters = [RateLimiter(rate_per_key) for _ in self.keys]
         self.active = [True] * len(self.keys)
@@ -317,7 +375,24 @@ class ApiClient:
     def request(self, method: str, path: str, *, params: dict | None = None, data: dict | None = None,
                 json_body: Any = None, headers: dict | None = None, use_cache: bool = True) -> ApiResponse:
         """Send one logical request (several attempts at most); return the response of a 2xx or passthrough
-        status, raise :class:`SourceError` otherwise."""
+        status, raise :class:`SourceError` otherwise.
+
+        The one exit of the HTTP core: whatever goes wrong inside (an error body echoing the key, requests'
+        ``InvalidHeader`` quoting a header, a bug), what leaves is a :class:`SourceError` with every secret
+        scrubbed and no chained exception.
+        """
+        secrets = self.keys.secrets + self.extra_secrets
+        try:
+            return self._request(method, path, params=params, data=data, json_body=json_body, headers=headers,
+                                 use_cache=use_cache)
+        except SourceError as exc:
+            raise exc.scrub(secrets) from None
+        except Exception as exc:  # noqa: BLE001 - its text may hold a key: only a scrubbed copy may leave
+            raise SourceError(self.service, None, f"unexpected {type(exc).__name__} on {path}: {exc}"
+                              ).scrub(secrets) from None
+
+    def _request(self, method: str, path: str, *, params: dict | None, data: dict | None, json_body: Any,
+                 headers: dict | None, use_cache: bool) -> ApiResponse:
         url = self.url(path)
         body = data if data is not None else json_body
         cache_key = None
@@ -338,8 +413,10 @@ class ApiClient:
             try:
                 resp = self.session.request(method, url, params=params, data=data, json=json_body,
                                             headers=send_headers, timeout=self.timeout)
-            except (requests.Timeout, requests.ConnectionError) as exc:
-                kind = "timed out" if isinstance(exc, requests.Timeout) else "connection failed"
+            except TRANSIENT_ERRORS as exc:
+                kind = ("timed out" if isinstance(exc, requests.Timeout) else
+                        "connection failed" if isinstance(exc, requests.ConnectionError) else
+                        f"answer broken off ({type(exc).__name__})")
                 last_error, last_status = f"{kind} (timeout {self.timeout:g} s) on {path}", None
                 wait = self._backoff(attempt)
                 logger.warning("%s: %s; attempt %d/%d%s", self.service, self._msg(last_error), attempt + 1,
@@ -348,6 +425,9 @@ class ApiClient:
                     self.stats["retries"] += 1
                     time.sleep(wait)
                 continue
+            except SETUP_ERRORS as exc:  # the same for every request: stop the run with a clear (scrubbed) reason
+                raise SourceError(self.service, None, f"the request could not be sent ({type(exc).__name__}: "
+                                                      f"{exc}); check the base URL and headers", fatal=True)
 
             status = resp.status_code
             if 200 <= status < 300 or status in self.passthrough_statuses:
@@ -398,7 +478,10 @@ class ApiClient:
                     if status != 429:  # a 429 wait is enforced by the key's limiter on the next acquire
                         time.sleep(wait)
                 continue
-            raise SourceError(self.service, status, f"{message} (on {path})", code=message.split(":")[0])
+            # Any other 4xx (400, 404 off the passthrough list, 414 URI Too Long, 422 ...): sending the same
+            # request again gives the same answer, so it is permanent (06: "refused", not retried on --resume).
+            raise SourceError(self.service, status, f"{message} (on {path})", code=message.split(":")[0],
+                              permanent=400 <= status < 500)
         raise SourceError(self.service, last_status,
                           self._msg(f"gave up after {self.max_retries + 1} attempts: {last_error}"))
 
