@@ -27,9 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.diagnosis_stages import print_summary, run_cli, run_margins  # noqa: E402
+from repair.cli import run_script  # noqa: E402
+from repair.diagnosis_stages import print_summary, run_margins  # noqa: E402
 from repair.encoding import Retriever  # noqa: E402
-from repair.runtime import setup_logging  # noqa: E402
+from repair.runtime import cache_dir_flag, setup_logging  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -58,7 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "--pct 10 30 40 (default: %(default)s)")
     p.add_argument("--cache_dir", default=None,
                    help="embedding cache folder: per-text vectors, normfp16 caches, top-k "
-                        "(default: <out_dir>/cache)")
+                        "(default: <out_dir>/cache); 'none' disables the per-text vector cache (the normfp16 "
+                        "caches and top-k, which 03 reads, still go to <out_dir>/cache)")
     p.add_argument("--search_backend", default="auto", choices=["auto", "faiss", "torch"],
                    help="exact search backend: faiss on GPU, torch matmul on CPU when auto (default: %(default)s)")
     p.add_argument("--trust_remote_code", action="store_true", help="allow model code from the model folder/hub")
@@ -78,7 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     setup_logging(args.log_level)
-    cache_dir = Path(args.cache_dir) if args.cache_dir else Path(args.out_dir) / "cache"
+    cache_dir = cache_dir_flag(args.cache_dir, Path(args.out_dir) / "cache")
     retriever = Retriever.load(args.model, args.adapter, pooling=args.pooling, max_length=args.max_length,
                                device=args.device, cache_dir=cache_dir, trust_remote_code=args.trust_remote_code,
                                batch_size=args.batch_size)
@@ -90,5 +92,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    run_cli(main, Path(__file__).name)
+    run_script(main)

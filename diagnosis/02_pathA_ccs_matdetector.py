@@ -19,7 +19,6 @@ Example: python diagnosis/02_pathA_ccs_matdetector.py --pct 30 --dia_out_dir run
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -27,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repair.concepts import TokenClassificationExtractor  # noqa: E402
 from repair.diagnosis import PATHA_NER_DIR  # noqa: E402
-from repair.diagnosis_stages import add_pathA_args, check_pathA_args, print_summary, run_cli, run_pathA  # noqa: E402
+from repair.cli import run_script  # noqa: E402
+from repair.diagnosis_stages import add_pathA_args, check_pathA_args, print_summary, run_pathA  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
 
 
@@ -69,5 +69,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    run_cli(main, Path(__file__).name)
+    run_script(main)

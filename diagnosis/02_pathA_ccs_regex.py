@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repair.concepts import RegexExtractor  # noqa: E402
 from repair.diagnosis import PATHA_DIR  # noqa: E402
-from repair.diagnosis_stages import add_pathA_args, check_pathA_args, print_summary, run_cli, run_pathA  # noqa: E402
+from repair.cli import run_script  # noqa: E402
+from repair.diagnosis_stages import add_pathA_args, check_pathA_args, print_summary, run_pathA  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
 
 
@@ -51,4 +52,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main, Path(__file__).name)
+    run_script(main)

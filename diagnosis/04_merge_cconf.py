@@ -21,7 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repair.diagnosis import MERGE_DIR, PATHA_DIR, PATHB_DIR  # noqa: E402
-from repair.diagnosis_stages import print_summary, run_cli, run_merge  # noqa: E402
+from repair.cli import run_script  # noqa: E402
+from repair.diagnosis_stages import print_summary, run_merge  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
 
 
@@ -58,4 +59,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main, Path(__file__).name)
+    run_script(main)

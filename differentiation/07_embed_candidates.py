@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from repair.cli import run_script  # noqa: E402
 from repair.differentiation import EmbedConfig, launch_embedding  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
 
@@ -43,7 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch_size", type=int, default=32, help="texts per forward pass (default: %(default)s)")
     p.add_argument("--max_tokens", type=int, default=None, help="optional padded-token budget per forward pass")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
-    p.add_argument("--cache_dir", default=None, help="embedding cache folder (default: <output_dir>/cache)")
+    p.add_argument("--cache_dir", default=None,
+                   help="embedding cache folder (default: <output_dir>/cache); 'none' disables it (one process only)")
     p.add_argument("--instruction", default=None,
                    help="query instruction (default: the training instruction of the retriever's text format)")
     p.add_argument("--chunk", type=int, default=65536,
@@ -72,5 +73,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    run_script(main)

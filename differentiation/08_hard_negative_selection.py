@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from repair.cli import run_script  # noqa: E402
 from repair.data import write_json, write_jsonl  # noqa: E402
 from repair.differentiation import EmbeddingDir, format_table, load_tuples, select_hard_negatives  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
@@ -45,9 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     setup_logging(args.log_level)
+    tuples = load_tuples(args.input_jsonl)  # malformed or empty input fails before anything else
     emb = EmbeddingDir.open(args.embedding_dir)
     emb.check_input(args.input_jsonl)
-    tuples = load_tuples(args.input_jsonl)
     records, stats = select_hard_negatives(tuples, emb, top_k=args.top_k, fn_margin=args.fn_margin,
                                            fn_pct=args.fn_pct)
     write_jsonl(args.output_jsonl, records)
@@ -76,4 +77,4 @@ def _mmm(summary: dict) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from repair.cli import run_script  # noqa: E402
 from repair.data import write_json, write_jsonl  # noqa: E402
 from repair.differentiation import EmbeddingDir, consistency_filter, format_table, load_tuples  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
@@ -70,9 +71,9 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     setup_logging(args.log_level)
     out = output_path(args.output_jsonl, args.pct, args.input_jsonl)
+    tuples = load_tuples(args.input_jsonl)  # malformed or empty input fails before anything else
     emb = EmbeddingDir.open(args.embedding_dir)
     emb.check_input(args.input_jsonl)
-    tuples = load_tuples(args.input_jsonl)
     records, stats = consistency_filter(tuples, emb, top_k=args.top_k, consistency_k=args.consistency_k,
                                         pool=args.pool, device=args.device, query_chunk=args.batch_size)
     write_jsonl(out, records)
@@ -95,4 +96,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -32,8 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import fail  # noqa: E402
-from repair.data import DataError  # noqa: E402
+from repair.cli import fail, run_script  # noqa: E402
 from repair.generation import add_generator_args, generator_from_args  # noqa: E402
 from repair.negatives import (CONFIGS, METHODS, MINED_FROM, POSITIONS, CorpusNegatives,  # noqa: E402
                               GenerationSettings, load_items, run_negatives)
@@ -131,23 +130,20 @@ def main(argv=None) -> dict:
         top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed)
     if method != "none" and settings.k <= 0:
         fail(f"--k must be >= 1 with method {method}")
-    try:
-        items, counts = load_items(args.input, args.split)
-        if args.max_items is not None:
-            items = items[:args.max_items]
-        corpus = CorpusNegatives(args.corpus, args.index_dir) if args.corpus else None
-        generator = None
-        if method != "none" and not args.generated_from and args.ratio > 0:
-            generator = generator_from_args(args, default_batch_size=8)
-        info = {"input": str(args.input), "split": args.split, "load": counts, "corpus": args.corpus,
-                "generator": generator.describe() if generator else None}
-        result = run_negatives(items, args.output_jsonl, config, generator=generator, corpus=corpus,
-                               mined_from=args.mined_from, num_mined=args.num_mined, method=method, ratio=args.ratio,
-                               settings=settings, generated_from=args.generated_from, chunk_size=args.chunk_size,
-                               resume=args.resume, stats_path=args.stats_json, progress=not args.no_progress,
-                               run_info=info)
-    except (DataError, FileNotFoundError, FileExistsError, ValueError) as exc:
-        fail(str(exc))
+    items, counts = load_items(args.input, args.split)  # bad input ends in one line (run_script)
+    if args.max_items is not None:
+        items = items[:args.max_items]
+    corpus = CorpusNegatives(args.corpus, args.index_dir) if args.corpus else None
+    generator = None
+    if method != "none" and not args.generated_from and args.ratio > 0:
+        generator = generator_from_args(args, default_batch_size=8)
+    info = {"input": str(args.input), "split": args.split, "load": counts, "corpus": args.corpus,
+            "generator": generator.describe() if generator else None}
+    result = run_negatives(items, args.output_jsonl, config, generator=generator, corpus=corpus,
+                           mined_from=args.mined_from, num_mined=args.num_mined, method=method, ratio=args.ratio,
+                           settings=settings, generated_from=args.generated_from, chunk_size=args.chunk_size,
+                           resume=args.resume, stats_path=args.stats_json, progress=not args.no_progress,
+                           run_info=info)
     gen = result["generation"]
     rows = [("queries in input", result["items"]), ("skipped (done before)", result["skipped_done"]),
             ("lines written", result["written"]), ("augmented queries", result["augmented"]),
@@ -163,5 +159,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    run_script(main)

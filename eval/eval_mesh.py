@@ -12,13 +12,13 @@ Example: python eval/eval_mesh.py --model_path smollm2-135m --data_path /data/me
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from eval_task import main as eval_task_main  # noqa: E402
+from repair.cli import run_script  # noqa: E402  (eval_task put the repo on sys.path)
 
 
 def main(argv=None) -> dict:
@@ -26,5 +26,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    run_script(main)

@@ -9,13 +9,13 @@ Example: python eval/eval_relish.py --model minilm --data /data/relish
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from eval_task import main as eval_task_main  # noqa: E402
+from repair.cli import run_script  # noqa: E402  (eval_task put the repo on sys.path)
 
 
 def main(argv=None) -> dict:
@@ -23,5 +23,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    run_script(main)

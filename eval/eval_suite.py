@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import add_retriever_args, fail, load_retriever, model_fields  # noqa: E402
-from repair.data import DataError, write_json  # noqa: E402
+from repair.cli import add_retriever_args, fail, load_retriever, model_fields, run_script  # noqa: E402
+from repair.data import write_json  # noqa: E402
 from repair.evaluation import (STS_FORMATS, check_dataset, evaluate_dataset, parse_dataset_spec,  # noqa: E402
                                results_table, scale_metrics)
 from repair.runtime import setup_logging  # noqa: E402
@@ -71,11 +70,8 @@ def main(argv=None) -> dict:
               "skipped": [s.name for s in specs if s not in ready]}
     for spec in ready:
         logger.info("evaluating %s (%s) from %s", spec.name, spec.task, spec.path)
-        try:
-            row = evaluate_dataset(retriever, spec, split=args.split, top_k=args.top_k, sts_format=args.sts_format,
-                                   batch_size=args.batch_size)
-        except (FileNotFoundError, DataError) as exc:
-            fail(str(exc))
+        row = evaluate_dataset(retriever, spec, split=args.split, top_k=args.top_k, sts_format=args.sts_format,
+                               batch_size=args.batch_size)
         row = {**row, "model": args.model, "adapter": args.adapter, "scale": "fraction"}
         if args.percent:
             row = scale_metrics(row)
@@ -93,5 +89,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    run_script(main)

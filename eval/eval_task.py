@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from repair.cli import add_retriever_args, fail, load_retriever, model_fields  # noqa: E402
-from repair.data import DataError, write_json  # noqa: E402
+from repair.cli import add_retriever_args, fail, load_retriever, model_fields, run_script  # noqa: E402
+from repair.data import write_json  # noqa: E402
 from repair.evaluation import (CANDIDATES, DOC_TEXTS, STS_FORMATS, TASKS, DatasetSpec, check_dataset,  # noqa: E402
                                dataset_name, evaluate_dataset, infer_task, scale_metrics, where_to_get)
 from repair.runtime import setup_logging  # noqa: E402
@@ -92,17 +91,11 @@ def main(argv=None, task: str | None = None, description: str | None = None) -> 
              + where_to_get(args.name or task or "", task or "ir"))
     name = args.name or dataset_name(args.data)
     spec = DatasetSpec(name, task or infer_task(name), Path(args.data))
-    try:
-        check_dataset(spec, args.split)  # before the model loads: a wrong path fails in seconds
-    except (FileNotFoundError, ValueError) as exc:
-        fail(str(exc))
+    check_dataset(spec, args.split)  # before the model loads: a wrong path fails in seconds
     retriever = load_retriever(args)
-    try:
-        row = evaluate_dataset(retriever, spec, split=args.split, instruction=args.instruction, top_k=args.top_k,
-                               candidates=args.candidates, doc_text=args.doc_text, sts_format=args.sts_format,
-                               batch_size=args.batch_size, relevance_level=args.relevance_level)
-    except (FileNotFoundError, DataError) as exc:
-        fail(str(exc))
+    row = evaluate_dataset(retriever, spec, split=args.split, instruction=args.instruction, top_k=args.top_k,
+                           candidates=args.candidates, doc_text=args.doc_text, sts_format=args.sts_format,
+                           batch_size=args.batch_size, relevance_level=args.relevance_level)
     result = {**row, **model_fields(args, retriever), "scale": "fraction"}
     if args.percent:
         result = scale_metrics(result)
@@ -113,5 +106,4 @@ def main(argv=None, task: str | None = None, description: str | None = None) -> 
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    run_script(main)

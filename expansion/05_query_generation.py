@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from repair.cli import fail, run_script  # noqa: E402
 from repair.expansion import Grounder, generate_queries, generation_summary, read_concepts  # noqa: E402
 from repair.generation import DEFAULT_SAMPLING, add_generator_args, generator_from_args  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
@@ -91,7 +91,7 @@ def main(argv=None) -> dict:
     try:
         grounder = build_grounder(args)
     except SourceError as exc:
-        raise SystemExit(f"05: grounding unavailable: {exc}") from None
+        fail(f"grounding unavailable: {exc}")
     generator = generator_from_args(args, default_batch_size=args.round_size)
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "repetition_penalty": args.repetition_penalty,
                 "max_new_tokens": args.max_new_tokens}
@@ -110,5 +110,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    run_script(main)

@@ -274,7 +274,8 @@ class TokenClassificationExtractor:
     """
 
     def __init__(self, model, tokenizer, *, batch_size: int = 32, max_length: int = 256, device=None,
-                 types: Sequence[str] | None = None, aggregation: str = "span", name: str = ""):
+                 types: Sequence[str] | None = None, aggregation: str = "span", name: str = "",
+                 max_text_tokens: int = 4096):
         import torch
 
         if not getattr(tokenizer, "is_fast", False):
@@ -301,6 +302,9 @@ class TokenClassificationExtractor:
         self.budget = max_length - tokenizer.num_special_tokens_to_add(pair=False)
         if self.budget < 1:
             raise ValueError(f"max_length {max_length} leaves no room for tokens")
+        # a text is read up to repair.encoding.char_budget(max_text_tokens) characters (4096 tokens: ~400k
+        # characters, far beyond an abstract), so one huge line cannot hold the tokenizer for minutes and GBs
+        self.max_text_tokens = int(max_text_tokens)
 
     @classmethod
     def load(cls, model: str, tokenizer: str | None = None, *, device: str | None = None,
@@ -324,7 +328,7 @@ class TokenClassificationExtractor:
     def describe(self) -> dict:
         return {"extractor": "token-classification", "model": self.name, "labels": self.id2label,
                 "types": self.types, "aggregation": self.aggregation, "max_length": self.max_length,
-                "batch_size": self.batch_size}
+                "batch_size": self.batch_size, "max_text_tokens": self.max_text_tokens}
 
     def _pieces(self, sentences: list[list[str]]) -> list[tuple[int, int, int]]:
         """(sentence, first word, end word) pieces whose sub-tokens fit the budget."""
@@ -378,10 +382,12 @@ class TokenClassificationExtractor:
                  block: int = 4096) -> list[dict[str, list[str]]]:
         """Per text: ``{type: [entities in first-occurrence order]}`` for the kept types (MatDetector:
         ``{"matname": [...], "mf": [...]}``)."""
+        from .encoding import cap_chars
+
         show = len(texts) > 200 if show_progress is None else show_progress
         out: list[dict[str, list[str]]] = [{t: [] for t in self.types} for _ in texts]
         owners, sentences = [], []
-        for t, text in enumerate(texts):
+        for t, text in enumerate(cap_chars(texts, self.max_text_tokens)):
             for sent in split_sentences(text):
                 owners.append(t)
                 sentences.append(sent)

@@ -18,6 +18,7 @@ import os
 import random
 import typing
 import uuid
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,34 @@ def validate_record(record: Any, where: str, required: dict[str, Any] | None = N
     return record
 
 
+def json_error(where: str, exc: json.JSONDecodeError) -> DataError:
+    """``where: invalid JSON (<reason> at column N)``. Some of json's reasons already end in "at"
+    ("Unterminated string starting at"), which the plain format turned into "at at column"."""
+    reason = exc.msg.removesuffix(" at")
+    return DataError(f"{where}: invalid JSON ({reason} at column {exc.colno})")
+
+
+def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a UTF-8 text file (``.gz`` allowed); bytes that are not UTF-8 or a broken gzip
+    stream raise :class:`DataError` naming the file (decoding runs in blocks, so the last good line is named)."""
+    lineno = 0
+    with open_text(path) as fh:
+        lines = iter(fh)
+        while True:
+            try:
+                line = next(lines)
+            except StopIteration:
+                return
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}: not UTF-8 text{f' after line {lineno}' if lineno else ''} "
+                                f"({exc.reason}: byte {exc.object[exc.start:exc.start + 1]!r})") from None
+            except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+                raise DataError(f"{path}: not a readable gzip file{f' after line {lineno}' if lineno else ''} "
+                                f"({exc})") from None
+            lineno += 1
+            yield lineno, line
+
+
 def iter_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
                optional: dict[str, Any] | None = None, skip_blank: bool = True,
                with_lineno: bool = False) -> Iterator[Any]:
@@ -101,18 +130,17 @@ def iter_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
-    with open_text(path) as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                if skip_blank:
-                    continue
-                raise DataError(f"{path}:{lineno}: blank line")
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-            record = validate_record(record, f"{path}:{lineno}", required, optional)
-            yield (lineno, record) if with_lineno else record
+    for lineno, line in numbered_lines(path):
+        if not line.strip():
+            if skip_blank:
+                continue
+            raise DataError(f"{path}:{lineno}: blank line")
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise json_error(f"{path}:{lineno}", exc) from None
+        record = validate_record(record, f"{path}:{lineno}", required, optional)
+        yield (lineno, record) if with_lineno else record
 
 
 def read_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
@@ -171,7 +199,7 @@ def read_json(path: str | os.PathLike) -> Any:
         with open(path, encoding="utf-8") as fh:
             return json.load(fh)
     except json.JSONDecodeError as exc:
-        raise DataError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+        raise json_error(f"{path}:{exc.lineno}", exc) from None
 
 
 class JsonlAppender:
@@ -338,14 +366,36 @@ def _seed_from_records(records: Iterable[tuple[str, dict]], source: str) -> Seed
     return seed
 
 
-def load_seed_pt(path: str | os.PathLike) -> SeedSet:
-    """The original ``torch.save``'d list of dicts (or a dict holding it), loaded with ``weights_only=True``."""
+def load_torch_file(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
+    """``torch.load(weights_only=True)`` (never unpickles code: DESIGN 3) whose failure names the file.
+
+    torch's own message is a paragraph about trusting the source; the :class:`DataError` keeps its one useful
+    sentence (the unsupported global or opcode). Every ``.pt`` input and checkpoint goes through here.
+    """
+    import pickle
+
     import torch
 
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - re-raised with the file name
-        raise DataError(f"{path}: cannot load with torch.load(weights_only=True): {exc}") from None
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
+        if isinstance(exc, torch.OutOfMemoryError):  # the file is fine; the device is full
+            raise
+        text = str(exc)
+        marker = "WeightsUnpickler error:"
+        if marker in text:
+            text = text.split(marker, 1)[1].split("Check the documentation", 1)[0].split(" Please use", 1)[0]
+        reason = " ".join(text.split()).rstrip(".") or type(exc).__name__
+        raise DataError(f"{path}: not loadable with torch.load(weights_only=True) ({reason}): it holds objects "
+                        f"other than tensors and plain containers, or is not a torch file") from None
+
+
+def load_seed_pt(path: str | os.PathLike) -> SeedSet:
+    """The original ``torch.save``'d list of dicts (or a dict holding it), loaded with ``weights_only=True``."""
+    obj = load_torch_file(path)
     if isinstance(obj, dict):
         for key in LIST_CONTAINERS:
             if isinstance(obj.get(key), list):

@@ -23,7 +23,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .data import DataError, SeedSet, iter_jsonl, read_json
+from .data import DataError, SeedSet, iter_jsonl, load_torch_file, read_json
 from .search import exact_topk
 
 logger = logging.getLogger(__name__)
@@ -67,9 +67,10 @@ def topk_cache_name(run_key: str) -> str:
 
 
 def check_pct(pct: int) -> int:
+    """A ``--pct`` value (1..100); every stage checks it before reading files named after it."""
     pct = int(pct)
     if not 0 < pct <= 100:
-        raise ValueError(f"percentile must be in 1..100, got {pct}")
+        raise ValueError(f"--pct must be a percentile in 1..100, got {pct}")
     return pct
 
 
@@ -257,10 +258,7 @@ def load_reps(path: str | os.PathLike) -> tuple[torch.Tensor, dict]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: embedding cache not found")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - re-raised with the file name
-        raise DataError(f"{path}: cannot load with torch.load(weights_only=True): {exc}") from None
+    obj = load_torch_file(path)
     if isinstance(obj, torch.Tensor):
         return obj, {}
     if isinstance(obj, dict) and isinstance(obj.get("reps"), torch.Tensor):

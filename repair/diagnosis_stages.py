@@ -10,11 +10,10 @@ import argparse
 import json
 import logging
 import os
-import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -72,15 +71,6 @@ def _rel(path: Path, base: Path) -> str:
 def write_text_atomic(path: Path, lines: Sequence[str]) -> None:
     """One line per item, atomically (the project's single writer, ``repair.data.atomic_write``)."""
     write_lines(path, lines)
-
-
-def run_cli(main: Callable[[], dict], script: str) -> None:
-    """Run a stage's ``main``; known input problems end with one clear line on stderr and exit status 2."""
-    try:
-        main()
-    except (FileNotFoundError, DataError, dg.RunMismatchError, ValueError, OSError) as exc:
-        print(f"{script}: error: {exc}", file=sys.stderr)
-        sys.exit(2)
 
 
 def table(rows: Sequence[Sequence], header: Sequence[str]) -> str:
@@ -427,6 +417,7 @@ def run_merge(dia_out_dir: str | os.PathLike, pct: int, patha_out_dir: str | os.
               pathb_out_dir: str | os.PathLike, out_dir: str | os.PathLike, *, top_a: int | None = None,
               top_comp: int | None = None) -> dict:
     """Stage 4: C_conf = C_intra ∪ C_inter (case-insensitive) with provenance."""
+    pct = dg.check_pct(pct)  # before any file name is built from it (a bad one would blame a missing file)
     dia_out_dir, out_dir = Path(dia_out_dir), Path(out_dir)
     patha_out_dir, pathb_out_dir = Path(patha_out_dir), Path(pathb_out_dir)
     meta = dg.read_diagnosis_meta(dia_out_dir)

@@ -274,7 +274,8 @@ def load_tuples(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Tuple
     Duplicate rules (UPSTREAM 5.18 fixed): candidates are stripped, empty ones are not documents; a candidate
     whose text equals d+, or equals the positive of any tuple with the same query text, is removed; repeated
     candidates keep their first position; lines with the same (q_new, d+) are one tuple (first id, concepts
-    and candidate lists merged in order).
+    and candidate lists merged in order). Input without a single tuple is a :class:`DataError`: every later step
+    would silently write nothing.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -304,6 +305,9 @@ def load_tuples(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Tuple
             cand_traces.append(trace)
         offsets.append(len(cand_rows))
     stats.tuples = len(drafts)
+    if not drafts:
+        raise DataError(f"{', '.join(str(p) for p in paths)}: no tuples to read ({stats.lines} lines); the stage "
+                        f"that writes this input produced nothing")
     if stats.merged_duplicate_tuples:
         logger.info("merged %d repeated tuples (same q_new and d+)", stats.merged_duplicate_tuples)
     return TupleSet(
@@ -573,6 +577,10 @@ def select_hard_negatives(tuples: TupleSet, emb: EmbeddingDir, *, top_k: int = 1
              "top1_score": _score_summary([r["hard_negative_scores"][0] for r in records]),
              "load": asdict(tuples.stats), "embedding_fingerprint": emb.fingerprint,
              "seconds": round(time.perf_counter() - t0, 3)}
+    if not records:  # a legitimate outcome (06 found no other hit for any query), but one worth seeing
+        logger.warning("no tuple has a negative candidate left (%d without candidates, %d emptied by the "
+                       "false-negative guard): the output holds no line", stats["no_candidates"],
+                       stats["no_candidates_after_guard"])
     return records, stats
 
 
@@ -693,6 +701,9 @@ def consistency_filter(tuples: TupleSet, emb: EmbeddingDir, *, top_k: int = 15, 
              "margin_kept": _score_summary(np.asarray(pos_kept) - np.asarray(dneg_kept)) if pos_kept else {},
              "load": asdict(tuples.stats), "embedding_fingerprint": emb.fingerprint,
              "seconds": round(time.perf_counter() - t0, 3)}
+    if not records:  # legitimate (the retriever ranks no d+ in the top kappa), but one worth seeing
+        logger.warning("the consistency filter kept none of %d tuples (%d with rank(d+) > %d, %d without a "
+                       "negative): the output holds no line", processed, dropped_rank, consistency_k, dropped_empty)
     return records, stats
 
 
@@ -781,11 +792,11 @@ def embed_candidates(retriever, tuples: TupleSet, config: EmbedConfig) -> dict:
 def run_embedding(config: EmbedConfig) -> dict:
     """Load the tuples and the retriever (on this rank's device) and run step 7."""
     from .encoding import Retriever
-    from .runtime import dist_info
+    from .runtime import cache_dir_flag, dist_info
 
     rank, world = dist_info()
     tuples = load_tuples(config.input_jsonl)
-    cache_dir = config.cache_dir or str(Path(config.output_dir) / "cache")
+    cache_dir = cache_dir_flag(config.cache_dir, Path(config.output_dir) / "cache")
     device = config.device
     if world > 1 and (device is None or device.startswith("cuda")):
         import torch
@@ -851,7 +862,13 @@ def launch_embedding(config: EmbedConfig, nprocs: int) -> dict:
     """
     import torch
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    from .runtime import cache_dir_flag
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if max(world, nprocs) > 1 and cache_dir_flag(config.cache_dir, Path(config.output_dir) / "cache") is None:
+        raise ValueError(f"--cache_dir {config.cache_dir}: {max(world, nprocs)} processes share their work through "
+                         f"the embedding cache; drop --cache_dir none or run one process")
+    if world > 1:
         return distributed_embedding(config)
     if nprocs <= 1:
         return run_embedding(config)

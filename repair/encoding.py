@@ -38,6 +38,25 @@ QUERY_TEMPLATE = "{instruction}\nQuery: {text}"
 PASSAGE_TEMPLATE = "Represent this passage.\nPassage: {text}"
 _FIELD = re.compile(r"\{(instruction|text)\}")
 
+# Character budget per token. A tokenizer reads the whole string before truncating it, so one 50 MB line cost
+# 6 GB and 136 s in stage 01. Every text is cut to ``max_tokens * MAX_CHARS_PER_TOKEN`` characters before it
+# reaches a tokenizer: ordinary prose runs at 4-5 characters per token, the longest token of SmolLM2's BPE
+# vocabulary is 81 characters and WordPiece looks at words of at most 100, so the cut never changes the first
+# ``max_tokens`` ids of a text unless they average more than 100 characters each (long runs of characters the
+# tokenizer drops), and tokenising costs at most ~100 x max_length characters per text.
+MAX_CHARS_PER_TOKEN = 100
+
+
+def char_budget(max_tokens: int) -> int:
+    """Characters of a text that can matter for its first ``max_tokens`` tokens (:data:`MAX_CHARS_PER_TOKEN`)."""
+    return int(max_tokens) * MAX_CHARS_PER_TOKEN
+
+
+def cap_chars(texts: Sequence[str], max_tokens: int) -> list[str]:
+    """Each text cut to :func:`char_budget` characters: what may go into a tokenizer that keeps ``max_tokens``."""
+    budget = char_budget(max_tokens)
+    return [t if len(t) <= budget else t[:budget] for t in texts]
+
 
 @dataclass(frozen=True)
 class TextFormat:
@@ -281,9 +300,14 @@ class Retriever:
         raise ValueError(f"kind must be 'query' or 'passage', got {kind!r}")
 
     def tokenize(self, formatted: Sequence[str]) -> list[list[int]]:
-        """Token ids without padding: truncated to max_length-1 plus EOS (decoder) or max_length (encoder)."""
+        """Token ids without padding: truncated to max_length-1 plus EOS (decoder) or max_length (encoder).
+
+        The one place texts enter the tokenizer: each is first cut to :func:`char_budget` characters, so a huge
+        text costs no more than ``max_length`` tokens' worth of characters.
+        """
         if not formatted:
             return []
+        formatted = cap_chars(formatted, self.max_length)
         if self.append_eos:
             enc = self.tokenizer(list(formatted), max_length=self.max_length - 1, truncation=True,
                                  padding=False, return_attention_mask=False, return_token_type_ids=False)

@@ -381,13 +381,23 @@ def dataset_name(path: str | Path) -> str:
 
 
 def parse_dataset_spec(text: str) -> DatasetSpec:
-    """``PATH`` (task inferred from the folder name), ``TASK:PATH`` or ``NAME:TASK:PATH``."""
+    """``PATH`` (task inferred from the folder name), ``TASK:PATH`` or ``NAME:TASK:PATH``.
+
+    A colon form whose task field is a word but not one of :data:`TASKS` (``scifact:irr:PATH``) is a
+    ``ValueError`` naming that task; read as a path it would only say that ``scifact:irr:PATH`` does not exist.
+    """
     parts = text.split(":", 2)
     if len(parts) == 3 and parts[1] in TASKS:
         return DatasetSpec(parts[0] or dataset_name(parts[2]), parts[1], Path(parts[2]))
     if len(parts) >= 2 and parts[0] in TASKS:
         path = text.split(":", 1)[1]
         return DatasetSpec(dataset_name(path), parts[0], Path(path))
+    if len(parts) >= 2 and not Path(text).exists():
+        task = parts[1] if len(parts) == 3 else parts[0]
+        if re.fullmatch(r"[A-Za-z0-9_.-]+", task):
+            form = "NAME:TASK:PATH" if len(parts) == 3 else "TASK:PATH"
+            raise ValueError(f"dataset '{text}': unknown task '{task}' in {form} (expected one of "
+                             f"{', '.join(TASKS)})")
     name = dataset_name(text)
     return DatasetSpec(name, infer_task(name), Path(text))
 

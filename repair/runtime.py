@@ -42,7 +42,11 @@ def pick_device(device: str | None = None) -> torch.device:
         if torch.cuda.is_available():
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         return torch.device("cpu")
-    return torch.device(device)
+    chosen = torch.device(device)
+    if chosen.type == "cuda" and chosen.index is None:
+        # "cuda" means this process's GPU: torch.cuda.set_device (the trainer) refuses a device without an index
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return chosen
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -56,6 +60,18 @@ def cache_root() -> Path:
     """Root of REPAIR's on-disk caches: $REPAIR_CACHE, else ~/.cache/repair."""
     root = os.environ.get("REPAIR_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "repair")
     return Path(root)
+
+
+def cache_dir_flag(value: str | os.PathLike | None, default: Path) -> Path | None:
+    """A ``--cache_dir`` value: unset or "" -> ``default``, "none" (any case) -> no cache, else that folder.
+
+    Every script's cache flag goes through here, so "none" never becomes a folder named ``none``.
+    """
+    if value is None or str(value) == "":
+        return Path(default)
+    if str(value).lower() == "none":
+        return None
+    return Path(value)
 
 
 def dist_info() -> tuple[int, int]:

@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from repair.data import (DataError, JsonlAppender, iter_jsonl, load_beir, load_seed, read_jsonl, write_json,
-                         write_jsonl)
+from repair.data import (DataError, JsonlAppender, iter_jsonl, load_beir, load_seed, read_json, read_jsonl,
+                         write_json, write_jsonl)
 
 
 def write_lines(path, lines):
@@ -68,6 +68,43 @@ def test_seed_pt_refuses_pickled_code(tmp_path):
     torch.save([Evil()], tmp_path / "evil.pt")
     with pytest.raises(DataError, match="weights_only=True"):
         load_seed(tmp_path / "evil.pt")
+
+
+def test_torch_file_refused_by_weights_only_names_the_file_in_one_line(tmp_path):
+    """torch's message is a paragraph about trusting the source; ours names the file and the reason."""
+    import numpy as np
+
+    from repair.data import load_torch_file
+
+    torch.save({"reps": np.zeros(3)}, tmp_path / "cache.pt")
+    with pytest.raises(DataError) as err:
+        load_torch_file(tmp_path / "cache.pt")
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / 'cache.pt'}: not loadable with torch.load(weights_only=True) "
+                              f"(Unsupported global: GLOBAL numpy")
+    assert "\n" not in message and "trust the source" not in message
+    (tmp_path / "junk.pt").write_bytes(b"not a torch file")
+    with pytest.raises(DataError, match=r"junk\.pt: not loadable with torch\.load\(weights_only=True\) "
+                                        r"\(Unsupported operand"):
+        load_seed(tmp_path / "junk.pt")
+
+
+def test_json_errors_read_well_and_undecodable_files_are_named(tmp_path):
+    """json's "Unterminated string starting at" + " at column" printed "at at column"."""
+    (tmp_path / "a.jsonl").write_text('{"query": "q", "positive": "p"}\n{"query": "open')
+    with pytest.raises(DataError) as err:
+        read_jsonl(tmp_path / "a.jsonl")
+    assert str(err.value) == f"{tmp_path / 'a.jsonl'}:2: invalid JSON (Unterminated string starting at column 11)"
+    (tmp_path / "m.json").write_text('{\n  "a": 1,\n  "b": "tab\there"\n}')
+    with pytest.raises(DataError) as err:
+        read_json(tmp_path / "m.json")
+    assert str(err.value) == f"{tmp_path / 'm.json'}:3: invalid JSON (Invalid control character at column 12)"
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"query": "q", "positive": "p"}\n{"query": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=r"latin1\.jsonl: not UTF-8 text \(invalid continuation byte"):
+        read_jsonl(tmp_path / "latin1.jsonl")
+    (tmp_path / "broken.jsonl.gz").write_bytes(b"plain text, not gzip")
+    with pytest.raises(DataError, match=r"broken\.jsonl\.gz: not a readable gzip file"):
+        read_jsonl(tmp_path / "broken.jsonl.gz")
 
 
 def test_seed_jsonl(tmp_path):

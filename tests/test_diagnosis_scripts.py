@@ -22,6 +22,7 @@ import torch
 
 from repair import diagnosis as dg
 from repair import diagnosis_stages as st
+from repair.cli import run_script as run_cli_script
 from repair.concepts import extract_concepts
 from repair.data import load_seed, read_json, read_jsonl
 
@@ -52,12 +53,15 @@ def run_inprocess(name: str, *args: str) -> dict:
 
 
 def refused(name: str, *args: str, capsys) -> str:
-    """Run a script's CLI entry in-process; it must exit with status 2 and one error line."""
+    """Run a script's CLI entry (repair.cli.run_script) in-process; it must exit with status 2 and one error line."""
     module = load_script(name)
+    capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
-        st.run_cli(lambda: module.main(list(args)), name)
+        run_cli_script(module.main, [*args, "--log_level", "WARNING"])
     assert exc.value.code == 2
-    return capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
 
 
 @pytest.fixture(scope="module")

@@ -345,6 +345,31 @@ def test_triplet_line_with_string_negatives_is_an_error(tmp_path):
         load_tuples(tmp_path / "hn.jsonl")
 
 
+def test_input_without_tuples_is_an_error(tmp_path):
+    """Empty input made 08 exit 0 with an empty file; 07-09 now say the previous stage produced nothing."""
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(DataError, match=r"empty\.jsonl: no tuples to read \(0 lines\); the stage that writes this "
+                                        r"input produced nothing"):
+        load_tuples(tmp_path / "empty.jsonl")
+    write_jsonl(tmp_path / "blank.jsonl", [])
+    with pytest.raises(DataError, match="no tuples to read"):
+        load_tuples([tmp_path / "empty.jsonl", tmp_path / "blank.jsonl"])
+
+
+def test_step8_empty_result_is_written_with_a_warning(hand, tmp_path, caplog):
+    """Tuples whose candidates the false-negative guard removes all: a legitimate empty output, but said aloud."""
+    path, tuples, emb = hand
+    with caplog.at_level("WARNING", logger="repair.differentiation"):
+        records, stats = select_hard_negatives(tuples, emb, fn_margin=1.0)
+    assert records == [] and stats["written"] == 0 and stats["no_candidates_after_guard"] == 3
+    assert any("no tuple has a negative candidate left" in r.getMessage() and "3 emptied" in r.getMessage()
+               for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="repair.differentiation"):
+        records, stats = consistency_filter(tuples, emb, consistency_k=1, top_k=1)
+    assert stats["kept"] == 1 and not caplog.records  # something kept: nothing to warn about
+
+
 def test_embedding_dir_missing_text_names_the_tuple(hand, tmp_path):
     _, _, emb = hand
     lines = hand_lines()

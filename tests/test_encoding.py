@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from repair.encoding import (DEFAULT_INSTRUCTION, EOS_FORMAT, PLAIN_FORMAT, Retriever, fill_template,
+from repair.encoding import (DEFAULT_INSTRUCTION, EOS_FORMAT, MAX_CHARS_PER_TOKEN, PLAIN_FORMAT, Retriever, char_budget,
+                             fill_template,
                              last_token_pool, mean_pool)
 
 TEXTS = [
@@ -194,3 +195,52 @@ def test_mean_pooling_matches_sentence_transformers_recipe(tmp_path):
     m = enc["attention_mask"].unsqueeze(-1).float()
     expected = F.normalize((h * m).sum(1) / m.sum(1), dim=-1)
     np.testing.assert_allclose(r.encode_queries(TEXTS, instruction="ignored").numpy(), expected.numpy(), atol=1e-5)
+
+
+class RecordingTokenizer:
+    """The real tokenizer, recording the longest string it is handed (observes, replaces nothing)."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self.longest = 0
+
+    def __call__(self, texts, *args, **kwargs):
+        self.longest = max([self.longest, *(len(t) for t in texts)])
+        return self._tokenizer(texts, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
+def test_huge_text_is_cut_to_the_char_budget_before_tokenising(tiny_model_dir):
+    """One 50 MB line cost 6 GB and 136 s in 01: the tokenizer read it all before truncating to max_length."""
+    r = Retriever.load(str(tiny_model_dir), device="cpu", max_length=32)
+    r.tokenizer = RecordingTokenizer(r.tokenizer)
+    budget = char_budget(32)
+    assert budget == 32 * MAX_CHARS_PER_TOKEN == 3200
+    huge = ("Fe2O3 nanoparticles were annealed at 500 C in air. " * 100_000)[:5_000_000]
+    vec = r.encode_passages([huge], use_cache=False)
+    assert r.tokenizer.longest == budget  # the formatted passage, cut to the budget before the tokenizer saw it
+    prefix = len(r.format([""], "passage")[0])
+    head = r.encode_passages([huge[:budget - prefix]], use_cache=False)
+    assert torch.equal(vec, head)
+    # ordinary prose: the cut changes no id (max_length tokens need far fewer than the budget's characters)
+    formatted = r.format([huge[:3 * budget]], "passage")[0]
+    uncut = r.tokenizer._tokenizer([formatted], max_length=31, truncation=True)["input_ids"][0]
+    assert r.tokenize([formatted])[0] == uncut + [r.tokenizer.eos_token_id]
+
+
+def test_ner_extractor_reads_a_text_up_to_its_char_budget(tmp_path):
+    """The token-classification extractor cuts each text to char_budget(max_text_tokens) before splitting it."""
+    from helpers_diagnosis import build_controlled_ner
+
+    from repair.concepts import TokenClassificationExtractor
+
+    folder = build_controlled_ner(tmp_path / "ner", {"carbon": "B-matname", "lithium": "B-matname"})
+    ext = TokenClassificationExtractor.load(str(folder), device="cpu", max_text_tokens=8)
+    text = "Carbon was added. " + "plain words here. " * 60 + "Lithium came last."
+    assert len("Carbon was added. " + "plain words here. " * 60) > char_budget(8) == 800
+    assert ext([text]) == [["Carbon"]] == ext([text[:800]])
+    assert ext.describe()["max_text_tokens"] == 8
+    assert TokenClassificationExtractor.load(str(folder), device="cpu")([text]) == [["Carbon", "Lithium"]]
+

@@ -258,6 +258,20 @@ def test_parse_dataset_spec(text, name, task):
     assert infer_task("refreshing") == "ir"  # a token must start with the hint, not merely contain it
 
 
+def test_unknown_task_in_a_spec_is_named_not_the_folder(tmp_path):
+    """``scifact:irr:PATH`` was read as a folder named 'scifact:irr:PATH' and reported as not found."""
+    with pytest.raises(ValueError) as err:
+        parse_dataset_spec(f"scifact:irr:{tmp_path}")
+    assert str(err.value) == (f"dataset 'scifact:irr:{tmp_path}': unknown task 'irr' in NAME:TASK:PATH "
+                              f"(expected one of ir, qa, mesh, relish, sts)")
+    with pytest.raises(ValueError, match="unknown task 'IR' in TASK:PATH"):
+        parse_dataset_spec(f"IR:{tmp_path}")
+    odd = tmp_path / "odd:name"  # an existing path with a colon is still a path
+    odd.mkdir()
+    assert parse_dataset_spec(str(odd)).path == odd
+    assert parse_dataset_spec(str(tmp_path / "x:y")).path == tmp_path / "x:y"  # a path-like field is no task
+
+
 def test_missing_data_messages_name_the_path_and_the_source(tmp_path):
     with pytest.raises(DataNotFound) as err:
         check_dataset(parse_dataset_spec(str(tmp_path / "mesh_ir")))

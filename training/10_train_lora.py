@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from repair.cli import run_script  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
 from repair.train import TrainConfig, train  # noqa: E402
 
@@ -151,5 +152,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    run_script(main)
