@@ -9,174 +9,43 @@
 #
 # REPAIR driver: Diagnosis -> Expansion -> Differentiation -> Training -> Evaluation, ITERS times.
 #
-#   bash run_repair.sh                 # offline demo (SmolLM2-135M, shipped SciFact slice), ~15 min on 2 CPU cores
-#   DEMO=tiny bash run_repair.sh       # smaller demo, ~4 min
-#   sbatch run_repair.sh               # on a Slurm node (the #SBATCH lines above; edit or override them)
+#   bash run_repair.sh                    # offline demo (PROFILE=demo: SmolLM2-135M, shipped SciFact slice), ~15 min on 2 CPU cores
+#   PROFILE=demo-tiny bash run_repair.sh  # smaller demo, ~4 min (DEMO=tiny is the same)
+#   sbatch run_repair.sh                  # on a Slurm node (the #SBATCH lines above; edit or override them)
 #   MODEL=Qwen/Qwen2.5-0.5B TRAIN_DATA=seed.pt EVAL_DATA="nfcorpus:ir:/data/nfcorpus" OUT_DIR=runs/q05 bash run_repair.sh
-#   bash run_repair.sh --help          # this text
+#   bash run_repair.sh --help             # this text and every setting with its default
 #
-# Every setting is an environment variable (default in brackets). A rerun skips finished steps and resumes
-# unfinished ones (05/06 and training resume from where they stopped); FORCE=1 redoes everything.
-# Layout: $OUT_DIR/iter{k}/{diagnosis,expansion,differentiation,adapter,eval}, logs in $OUT_DIR/logs,
-# the report in $OUT_DIR/report.md.
-#
-# Run
-#   OUT_DIR         run folder [runs/demo | runs/demo-tiny]
-#   ITERS           iterations [2]
-#   DEMO            demo size when TRAIN_DATA is unset: full | tiny [full]
-#   FORCE           1 = redo finished steps [0]
-#   PYTHON          interpreter [.venv/bin/python if present, else python3]
-#   DEVICE          cpu | cuda | cuda:N [auto]
-#   NPROC           processes for torchrun (training) and for 07's encoding; >1 is opt-in multi-GPU [1]
-#   SEED            seed for generation, sampling and training [42]
-# Model
-#   MODEL           retriever backbone: HF id, folder, alias smollm2-135m | minilm [smollm2-135m]
-#   ADAPTER         LoRA adapter to start from (iteration 1) [none]
-#   MAX_LENGTH      tokens per text incl. EOS [512; demo 128]
-#   BATCH_SIZE      encoding batch size [32]
-# Data
-#   TRAIN_DATA      T0: original .pt, JSONL {query, positive}, or BEIR folder [data/demo/scifact-demo]
-#   TRAIN_SPLIT     BEIR split of T0 [train]
-#   EVAL_DATA       space-separated eval specs PATH | TASK:PATH | NAME:TASK:PATH [the demo folder + data/biosses]
-#   EVAL_SPLIT      split evaluated on BEIR folders [test]
-# Diagnosis (Stage I)
-#   PCT             bottom percentile of margins = Q_conf [30]
-#   DIA_TOP_K       top-k searched per query for the margin [50]
-#   TOP_NEG_N       D-(q): first non-positive hits per confused query [30]
-#   EXTRACTOR       concept extractor: regex | matdetector [regex]
-#   NER_MODEL       token-classification model for EXTRACTOR=matdetector [yerim0210/MatDetector]
-# Expansion (Stage II)
-#   SOURCE          literature source: local | semantic_scholar | elsevier [local]
-#   LOCAL_CORPUS    BEIR folder or JSONL {id,title,abstract} for SOURCE=local [TRAIN_DATA when it is a folder]
-#   S2_KEY_FILE     Semantic Scholar keys, one per line (or $S2_API_KEY) []
-#   ELSEVIER_KEY_FILE  Elsevier keys, one per line (or $ELSEVIER_API_KEY / $ELSEVIER_INSTTOKEN) []
-#   GROUNDING       none | pubchem | mp | both (mp needs $MP_API_KEY) [none]
-#   GENERATOR       hf | openai [hf]
-#   GEN_MODEL       generator model for hf [MODEL]; for openai: $OPENAI_MODEL or the server's first model
-#   GEN_ADAPTER     hf generator's LoRA: auto = the retriever's current adapter when GEN_MODEL is MODEL (the
-#                   paper: M_theta writes the queries), none = the plain generator, or an adapter folder [auto]
-#   OPENAI_URL      OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama) [$OPENAI_BASE_URL]
-#   TARGET_K        max negative candidates per verified query [20]
-#   VALID_FACTOR    stop expansion at VALID_FACTOR x |T0| valid tuples [2]
-#   GEN_ROUND       queries generated per 05 -> 06 round [max(16, |T0|)]
-#   MAX_ROUNDS      round limit of the 05 -> 06 loop [6; demo 3]
-# Differentiation (Stage III)
-#   TOP_K           hard negatives kept per tuple (Eq. 7) [15]
-#   CONSISTENCY_K   keep a tuple if rank(d+) <= kappa in its pool (Eq. 6) [5]
-#   POOL            local (README) | global (original code) [local]
-#   NEGATIVES       repair | causalneg (adds CoT counterfactual negatives + QEM) [repair]
-#   CN_K            generated counterfactual negatives per query for NEGATIVES=causalneg [3]
-#   CN_RATIO        share of the kept tuples that get generated negatives (Sec. 4.5) [1.0]
-#   CN_EXTRA        extra flags for differentiation/09b_counterfactual_negatives.py []
-# Training
-#   EPOCHS [2; demo 1]  LR [2e-5; demo 1e-4]  TEMPERATURE [0.02]  GLOBAL_BATCH [256; demo 16]
-#   MINI_BATCH [32]  NUM_HARD_NEG (per triplet; -1 = all) [1; causalneg -1]
-#   WARMUP_RATIO [0.1; demo 0]  (linear warmup share of the steps; step 1 of a warmup trains with lr 0)
-#   QEM_LAMBDA [0 for repair, 0.1 for causalneg]  QEM_TAU [0.1]  FULL_FINETUNE (1 = no LoRA) [0]
-#   TRAIN_EXTRA     extra flags passed to training/10_train_lora.py []
+# Every setting is an environment variable; the list below (from repair/settings.py, where the defaults and
+# the rules live) gives each one's default and each profile's value. Settings are checked before any work
+# (a bad value stops the run in a second, naming the setting), and recorded in $OUT_DIR/settings.json.
+# A rerun skips finished steps and resumes unfinished ones (05/06 and training resume where they stopped);
+# it refuses settings that differ from the recorded ones (naming each; a new OUT_DIR or FORCE=1 proceeds,
+# FORCE=1 redoes everything). Layout: $OUT_DIR/iter{k}/{diagnosis,expansion,differentiation,adapter,eval},
+# logs in $OUT_DIR/logs, the report in $OUT_DIR/report.md.
+# To run one stage by hand exactly as the driver did, copy its command from $OUT_DIR/logs/<step>.cmd: the
+# scripts' own defaults (e.g. --max_length 512) are not the demo profile's (configs/demo.env: 128).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
-  sed -n '2,/^set -euo pipefail/p' "${BASH_SOURCE[0]}" | grep '^#' | grep -v '^#SBATCH' | sed 's/^# \{0,1\}//'
-  exit 0
-fi
-if [[ $# -gt 0 ]]; then echo "run_repair.sh takes no arguments (settings are environment variables; see --help)" >&2; exit 2; fi
 
 # ------------------------------------------------------------------------------------------ settings
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x "$HERE/.venv/bin/python" ]]; then PYTHON="$HERE/.venv/bin/python"; else PYTHON=python3; fi
 fi
-IS_DEMO=0
-if [[ -z "${TRAIN_DATA:-}" ]]; then
-  IS_DEMO=1
-  DEMO=${DEMO:-full}
-  case "$DEMO" in
-    full) TRAIN_DATA="$HERE/data/demo/scifact-demo"; OUT_DIR=${OUT_DIR:-runs/demo}; DEMO_MINUTES=15 ;;
-    tiny) TRAIN_DATA="$HERE/data/demo/scifact-tiny"; OUT_DIR=${OUT_DIR:-runs/demo-tiny}; DEMO_MINUTES=4 ;;
-    *) echo "DEMO must be full or tiny, got '$DEMO'" >&2; exit 2 ;;
-  esac
-  MAX_LENGTH=${MAX_LENGTH:-128}
-  EPOCHS=${EPOCHS:-1}
-  LR=${LR:-1e-4}
-  GLOBAL_BATCH=${GLOBAL_BATCH:-16}
-  MINI_BATCH=${MINI_BATCH:-32}  # one mini-batch = the whole batch: GradCache skips its extra forward
-  MAX_ROUNDS=${MAX_ROUNDS:-3}
-  WARMUP_RATIO=${WARMUP_RATIO:-0}  # a demo trains a handful of steps: none of them may be spent at lr 0
-  EVAL_DATA=${EVAL_DATA:-"$TRAIN_DATA"}
-  ITERS=${ITERS:-$([[ "$DEMO" == tiny ]] && echo 1 || echo 2)}
+settings_py() { PYTHON="$PYTHON" PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m repair.settings "$@" --root "$HERE"; }
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
+  sed -n '2,/^set -euo pipefail/p' "${BASH_SOURCE[0]}" | grep '^#' | grep -v '^#SBATCH' | sed 's/^# \{0,1\}//'
+  echo
+  settings_py help
+  exit 0
 fi
-OUT_DIR=${OUT_DIR:-runs/repair}
-ITERS=${ITERS:-2}
-FORCE=${FORCE:-0}
-DEVICE=${DEVICE:-}
-NPROC=${NPROC:-1}
-SEED=${SEED:-42}
-MODEL=${MODEL:-smollm2-135m}
-ADAPTER=${ADAPTER:-}
-MAX_LENGTH=${MAX_LENGTH:-512}
-BATCH_SIZE=${BATCH_SIZE:-32}
-TRAIN_SPLIT=${TRAIN_SPLIT:-train}
-EVAL_DATA=${EVAL_DATA:-}
-EVAL_SPLIT=${EVAL_SPLIT:-test}
-PCT=${PCT:-30}
-DIA_TOP_K=${DIA_TOP_K:-50}
-TOP_NEG_N=${TOP_NEG_N:-30}
-EXTRACTOR=${EXTRACTOR:-regex}
-NER_MODEL=${NER_MODEL:-yerim0210/MatDetector}
-SOURCE=${SOURCE:-local}
-LOCAL_CORPUS=${LOCAL_CORPUS:-}
-S2_KEY_FILE=${S2_KEY_FILE:-}
-ELSEVIER_KEY_FILE=${ELSEVIER_KEY_FILE:-}
-GROUNDING=${GROUNDING:-none}
-GENERATOR=${GENERATOR:-hf}
-GEN_MODEL=${GEN_MODEL:-$MODEL}
-GEN_ADAPTER=${GEN_ADAPTER:-auto}
-OPENAI_URL=${OPENAI_URL:-${OPENAI_BASE_URL:-}}
-TARGET_K=${TARGET_K:-20}
-VALID_FACTOR=${VALID_FACTOR:-2}
-GEN_ROUND=${GEN_ROUND:-}
-MAX_ROUNDS=${MAX_ROUNDS:-6}
-TOP_K=${TOP_K:-15}
-CONSISTENCY_K=${CONSISTENCY_K:-5}
-POOL=${POOL:-local}
-NEGATIVES=${NEGATIVES:-repair}
-CN_K=${CN_K:-3}
-CN_RATIO=${CN_RATIO:-1.0}
-CN_EXTRA=${CN_EXTRA:-}
-EPOCHS=${EPOCHS:-2}
-LR=${LR:-2e-5}
-TEMPERATURE=${TEMPERATURE:-0.02}
-GLOBAL_BATCH=${GLOBAL_BATCH:-256}
-MINI_BATCH=${MINI_BATCH:-32}
-if [[ -z "${NUM_HARD_NEG:-}" ]]; then  # causalneg trains on every negative of a line (15 mined + CN_K generated)
-  if [[ "$NEGATIVES" == causalneg ]]; then NUM_HARD_NEG=-1; else NUM_HARD_NEG=1; fi
+if [[ $# -gt 0 ]]; then echo "run_repair.sh takes no arguments (settings are environment variables; see --help)" >&2; exit 2; fi
+if [[ -n "${DEMO:-}" && -n "${TRAIN_DATA:-}" && -z "${PROFILE:-}" ]]; then
+  echo "note: DEMO=$DEMO is ignored because TRAIN_DATA is set (PROFILE=demo-tiny applies that profile to your data)" >&2
 fi
-QEM_TAU=${QEM_TAU:-0.1}
-WARMUP_RATIO=${WARMUP_RATIO:-0.1}
-FULL_FINETUNE=${FULL_FINETUNE:-0}
-TRAIN_EXTRA=${TRAIN_EXTRA:-}
-if [[ -z "${QEM_LAMBDA:-}" ]]; then
-  if [[ "$NEGATIVES" == causalneg ]]; then QEM_LAMBDA=0.1; else QEM_LAMBDA=0; fi
-fi
-if [[ ! -e "$TRAIN_DATA" ]]; then echo "TRAIN_DATA not found: $TRAIN_DATA" >&2; exit 2; fi
-case "$SOURCE" in local|semantic_scholar|elsevier) ;; *) echo "SOURCE must be local, semantic_scholar or elsevier" >&2; exit 2 ;; esac
-case "$NEGATIVES" in repair|causalneg) ;; *) echo "NEGATIVES must be repair or causalneg" >&2; exit 2 ;; esac
-if (( TOP_K < CONSISTENCY_K )); then
-  echo "TOP_K ($TOP_K) must be >= CONSISTENCY_K ($CONSISTENCY_K): 09 decides rank(d+) <= kappa from 08's top-k list" >&2; exit 2
-fi
-case "$EXTRACTOR" in regex|matdetector) ;; *) echo "EXTRACTOR must be regex or matdetector" >&2; exit 2 ;; esac
-if [[ "$GEN_ADAPTER" != auto && "$GEN_ADAPTER" != none && ! -f "$GEN_ADAPTER/adapter_config.json" ]]; then
-  echo "GEN_ADAPTER must be auto, none or a LoRA adapter folder (no adapter_config.json in '$GEN_ADAPTER')" >&2; exit 2
-fi
-if [[ -z "$LOCAL_CORPUS" && "$SOURCE" == local ]]; then
-  if [[ -d "$TRAIN_DATA" ]]; then LOCAL_CORPUS="$TRAIN_DATA"; else
-    echo "SOURCE=local needs LOCAL_CORPUS (a BEIR folder or JSONL of papers)" >&2; exit 2; fi
-fi
-for spec in $EVAL_DATA; do
-  path="${spec##*:}"
-  if [[ ! -e "$path" ]]; then echo "EVAL_DATA entry not found: $path (from '$spec')" >&2; exit 2; fi
-done
+# validate every setting (types, ranges, enums, paths), compare with $OUT_DIR/settings.json, then take them
+SETTINGS_SH=$(settings_py resolve) || exit $?
+eval "$SETTINGS_SH"
 
 PP=$(printf '%02d' "$PCT")
 mkdir -p "$OUT_DIR/logs" "$OUT_DIR/.state"
@@ -185,11 +54,17 @@ LOGS="$OUT_DIR/logs"
 STATE="$OUT_DIR/.state"
 EMB_CACHE="$OUT_DIR/cache/embeddings"
 export TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+# peft's PeftModel() reads transformers' deprecated is_gradient_checkpointing on every adapter load: one
+# FutureWarning per load (9 in a demo) that says nothing about the run
+export PYTHONWARNINGS="ignore:\`is_gradient_checkpointing\` is deprecated:FutureWarning${PYTHONWARNINGS:+,$PYTHONWARNINGS}"
 DEVICE_FLAG=(); [[ -n "$DEVICE" ]] && DEVICE_FLAG=(--device "$DEVICE")
 
 say() { printf '[repair %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
 # step NAME OUTPUT_PATH COMMAND...: skip when done (marker), else run with a log; stop the run on failure.
+# The log gets every line; the console gets them too, except a stage's one-line JSON summary, which is
+# shown as a short "summary:" line (its full text stays in the log).
+STEPS_RUN=0
 step() {
   local name=$1 output=$2; shift 2
   local marker="$STATE/$name.done" log="$LOGS/$name.log"
@@ -198,8 +73,9 @@ step() {
   rm -f "$marker"
   printf '%q ' "$@" > "$LOGS/$name.cmd"; echo >> "$LOGS/$name.cmd"
   say "start $name  (log: $log)"
+  STEPS_RUN=$((STEPS_RUN + 1))
   local t0=$SECONDS
-  if ! "$@" 2>&1 | tee -a "$log"; then
+  if ! "$@" 2>&1 | tee -a "$log" | "$PYTHON" "$HERE/eval/run_report.py" --console "$name"; then
     say "FAILED step '$name'"
     say "  log:   $log"
     say "  rerun: $(cat "$LOGS/$name.cmd")"
@@ -212,14 +88,16 @@ step() {
 
 
 
-T0_SIZE=$("$PYTHON" -c "import sys; sys.path.insert(0, '$HERE'); from repair.data import load_seed; print(len(load_seed('$TRAIN_DATA', split='$TRAIN_SPLIT')))")
+T0_SIZE=$(PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c \
+  "import sys; from repair.data import load_seed; print(len(load_seed(sys.argv[1], split=sys.argv[2])))" "$TRAIN_DATA" "$TRAIN_SPLIT")
 TARGET_VALID=$((VALID_FACTOR * T0_SIZE))
 GEN_ROUND=${GEN_ROUND:-$(( T0_SIZE > 16 ? T0_SIZE : 16 ))}
 
 say "REPAIR run in $OUT_DIR: MODEL=$MODEL ITERS=$ITERS |T0|=$T0_SIZE PCT=$PCT SOURCE=$SOURCE NEGATIVES=$NEGATIVES"
-if [[ $IS_DEMO == 1 ]]; then
-  say "offline demo ($DEMO): SmolLM2-135M as retriever and generator, local-corpus verification on the shipped"
-  say "SciFact slice. Expected duration on 2 CPU cores: about $DEMO_MINUTES minutes (faster on a GPU)."
+if [[ "$GENERATOR" == hf ]]; then GEN_TEXT="$GEN_MODEL (hf, GEN_ADAPTER=$GEN_ADAPTER)"; else GEN_TEXT="openai server ${OPENAI_URL:-\$OPENAI_BASE_URL}"; fi
+say "retriever: $MODEL${ADAPTER:+ + $ADAPTER}; generator: $GEN_TEXT; T0: $TRAIN_DATA [$TRAIN_SPLIT]"
+if [[ -n "$PROFILE_NAME" ]]; then
+  say "profile $PROFILE_NAME ($PROFILE_FILE): $PROFILE_ABOUT"
 fi
 
 eval_step() {  # eval_step NAME OUT_JSON [--adapter DIR]
@@ -298,6 +176,10 @@ for ((k = 1; k <= ITERS; k++)); do
       say "expansion round $r: $VALID / $TARGET_VALID valid tuples"
       [[ "$VALID" -ge "$TARGET_VALID" ]] && break
     done
+    if [[ "$VALID" -lt "$TARGET_VALID" ]]; then
+      say "expansion stopped at the round limit ($MAX_ROUNDS): $VALID / $TARGET_VALID valid tuples; the run goes on with"
+      say "  these (more: raise MAX_ROUNDS or GEN_ROUND, or use a stronger generator; see docs/expansion.md)"
+    fi
     echo "$VALID" > "$STATE/iter$k.expansion.done"
   else
     say "skip  iter$k.expansion (done: $(cat "$STATE/iter$k.expansion.done") valid tuples)"
@@ -345,6 +227,20 @@ for ((k = 1; k <= ITERS; k++)); do
 done
 
 # ------------------------------------------------------------------------------------------ report
-step report "" "$PYTHON" "$HERE/eval/run_report.py" --run_dir "$OUT_DIR" --pct "$PCT"
-rm -f "$STATE/report.done"  # the report is cheap: always rebuilt so it reflects the latest state
+# rebuilt after any step ran (so it reflects the latest state); a rerun that did nothing keeps the report as is
+if [[ "$STEPS_RUN" -gt 0 || ! -f "$OUT_DIR/report.md" ]]; then
+  REPORT_FORCE=(); [[ "$FORCE" == 1 ]] && REPORT_FORCE=(--force)
+  if ! "$PYTHON" "$HERE/eval/run_report.py" --run_dir "$OUT_DIR" --pct "$PCT" "${REPORT_FORCE[@]}" 2>&1 | tee -a "$LOGS/report.log"; then
+    say "FAILED: the report (log: $LOGS/report.log)"; exit 1
+  fi
+else
+  say "nothing to do: every step was already done; the report is unchanged"
+  "$PYTHON" "$HERE/eval/run_report.py" --run_dir "$OUT_DIR" --print_only
+fi
 say "report: $OUT_DIR/report.md"
+if [[ "$FULL_FINETUNE" == 1 ]]; then
+  say "final retriever: the model folder $CUR_MODEL"
+elif [[ -n "$CUR_ADAPTER" && -f "$CUR_ADAPTER/adapter_config.json" ]]; then
+  BASE=$("$PYTHON" -c "import json, sys; print(json.load(open(sys.argv[1]))['base_model_name_or_path'])" "$CUR_ADAPTER/adapter_config.json")
+  say "final retriever: ADAPTER=$CUR_ADAPTER on BASE=$BASE (README: loading an adapter)"
+fi

@@ -3,7 +3,8 @@
 It only reads the files the stages wrote (DESIGN 4) — nothing is recomputed — so the numbers in the
 report are the numbers of the run: |Q_conf|, |C_conf|, generated / verified / kept tuples, training loss,
 wall time per stage, and the eval metrics before and after every iteration, plus PNG plots of the margin
-distribution per iteration and of positive vs hard-negative scores of the kept triplets.
+distribution per iteration and of positive vs hard-negative scores of the kept triplets. It also shortens the
+stages' one-line JSON summaries on the driver's console (:func:`relay_step_output`).
 """
 
 from __future__ import annotations
@@ -11,12 +12,22 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .data import iter_jsonl, read_json
 
 logger = logging.getLogger(__name__)
+
+SETTINGS_FILE = "settings.json"  # written by the driver (repair.settings.RECORD_FILE)
+# fields of report.json a rewrite must not lose: a report that had them came from files that were there
+KEPT_FIELDS = ("t0", "q_conf", "c_conf", "generated", "generated_accepted", "verified", "kept", "kept_rate")
+
+
+class ReportError(RuntimeError):
+    """The report cannot be written as asked (it would lose numbers, or PCT disagrees with the run)."""
 
 STAGES = {"diagnosis": ("01_", "02_", "03_", "04_"), "expansion": ("05_", "06_"),
           "differentiation": ("07_", "08_", "09_", "09b_counterfactual"), "training": ("10_train",),
@@ -111,6 +122,11 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+def md_cell(text: str) -> str:
+    """A Markdown table cell: a literal ``|`` (as in ``|T0|``) would otherwise end the cell."""
+    return text.replace("|", "\\|")
+
+
 def metrics_table(summary: dict) -> str:
     """Markdown table: one row per iteration (0 = before training), one column per eval headline."""
     names: list[str] = []
@@ -119,7 +135,7 @@ def metrics_table(summary: dict) -> str:
     if not names:
         return "(no evaluation results)"
     base = summary["iterations"][0]["eval"] if summary["iterations"] else {}
-    lines = ["| iteration | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines = ["| iteration | " + " | ".join(md_cell(n) for n in names) + " |", "|---" * (len(names) + 1) + "|"]
     for it in summary["iterations"]:
         cells = []
         for n in names:
@@ -134,7 +150,7 @@ def metrics_table(summary: dict) -> str:
 def counts_table(summary: dict) -> str:
     cols = [("|T0|", "t0"), ("|Q_conf|", "q_conf"), ("|C_conf|", "c_conf"), ("generated", "generated"),
             ("accepted", "generated_accepted"), ("verified", "verified"), ("kept", "kept")]
-    lines = ["| iteration | " + " | ".join(c for c, _ in cols) + " | kept rate | train loss first → last |",
+    lines = ["| iteration | " + " | ".join(md_cell(c) for c, _ in cols) + " | kept rate | train loss first → last |",
              "|---" * (len(cols) + 3) + "|"]
     for it in summary["iterations"]:
         if it["iter"] == 0:
@@ -233,10 +249,45 @@ def plot(run_dir: str | Path, summary: dict) -> list[str]:
     return made
 
 
-def write_report(run_dir: str | Path, pct: int = 30) -> tuple[Path, dict]:
-    """Write ``report.md`` (+ ``report.json`` and PNGs) into the run folder; returns its path and the data."""
+def recorded_pct(run_dir: str | Path) -> int | None:
+    """PCT from the driver's ``settings.json`` (None for a run folder without one)."""
+    path = Path(run_dir) / SETTINGS_FILE
+    if not path.exists():
+        return None
+    value = (read_json(path).get("settings") or {}).get("PCT")
+    return int(value) if isinstance(value, (int, float)) else None
+
+
+def lost_fields(old: dict, new: dict) -> list[str]:
+    """Numbers the previous ``report.json`` had that a new summary no longer finds (``iter1 q_conf``, ...)."""
+    new_rows = {it["iter"]: it for it in new.get("iterations", [])}
+    lost = []
+    for it in old.get("iterations", []):
+        row = new_rows.get(it.get("iter"), {})
+        for key in KEPT_FIELDS:
+            if it.get(key) is not None and row.get(key) is None:
+                lost.append(f"iter{it['iter']} {key}")
+        for name in it.get("eval") or {}:
+            if name not in (row.get("eval") or {}):
+                lost.append(f"iter{it['iter']} {name}")
+    return lost
+
+
+def write_report(run_dir: str | Path, pct: int = 30, overwrite: bool = False) -> tuple[Path, dict]:
+    """Write ``report.md`` (+ ``report.json`` and PNGs) into the run folder; returns its path and the data.
+
+    A report is rebuilt from the files on disk, so reading them under the wrong PCT (or after they were
+    removed) yields dashes: unless ``overwrite``, a rewrite that would lose numbers the previous report had
+    raises :class:`ReportError` and leaves the old report in place."""
     run_dir = Path(run_dir)
     summary = collect(run_dir, pct)
+    previous = run_dir / "report.json"
+    if previous.exists() and not overwrite:
+        lost = lost_fields(read_json(previous), json.loads(json.dumps(summary, default=str)))
+        if lost:
+            raise ReportError(f"{run_dir}: the report was not rewritten: with PCT={pct} the run's files no longer "
+                              f"give {', '.join(lost[:8])}{' ...' if len(lost) > 8 else ''} (the existing "
+                              f"report.json has them); --force rewrites it anyway")
     images = plot(run_dir, summary)
     parts = [f"# REPAIR run report: `{run_dir}`", "",
              "## Evaluation (headline metric per dataset; iteration 0 = the starting retriever; "
@@ -255,3 +306,89 @@ def write_report(run_dir: str | Path, pct: int = 30) -> tuple[Path, dict]:
     path.write_text("\n".join(parts), encoding="utf-8")
     (run_dir / "report.json").write_text(json.dumps(for_json, indent=1), encoding="utf-8")
     return path, summary
+
+
+# ------------------------------------------------------------------------------------------ the driver's console
+HASH_RE = re.compile(r"^[0-9a-f]{12,}$")
+
+
+def _short_fields(prefix: str, value: Any, depth: int = 0) -> list[str]:
+    """``key=value`` texts for the short scalar fields of a summary, one level of nesting deep (paths, hashes,
+    lists and deeper objects stay in the log)."""
+    if isinstance(value, dict):
+        if depth > 1:
+            return []
+        out: list[str] = []
+        for key, sub in value.items():
+            out += _short_fields(f"{prefix}.{key}" if prefix else str(key), sub, depth + 1)
+        return out
+    if isinstance(value, bool):
+        return [f"{prefix}={str(value).lower()}"]
+    if isinstance(value, int):
+        return [f"{prefix}={value}"]
+    if isinstance(value, float):
+        return [f"{prefix}={value:.4g}"]
+    if isinstance(value, str) and value and len(value) <= 24 and "/" not in value and not HASH_RE.match(value):
+        return [f"{prefix}={value}"]
+    return []
+
+
+def summary_line(record: dict, limit: int = 150) -> str:
+    """A stage's one-line JSON summary as a short console line; its full text is in the step's log."""
+    text = ""
+    for field in _short_fields("", record):
+        if len(text) + len(field) + 1 > limit:
+            return text + " ..."
+        text = f"{text} {field}" if text else field
+    return text
+
+
+def _as_summary(line: bytes) -> str | None:
+    stripped = line.strip()
+    if not (stripped.startswith(b"{") and stripped.endswith(b"}")):
+        return None
+    try:
+        record = json.loads(stripped)
+    except ValueError:
+        return None
+    return summary_line(record) if isinstance(record, dict) else None
+
+
+def relay_step_output(step: str, src: BinaryIO, dst: BinaryIO) -> None:
+    """Copy a step's output to the console as it comes, replacing each JSON summary line by ``summary: ...``.
+
+    Reads raw chunks rather than lines, so progress bars (``\\r`` updates, no newline) still show live; only
+    a line that starts with ``{`` is held until its newline to decide whether it is a summary."""
+    fd = src.fileno()
+    held = b""  # the start of a line that may be a JSON summary
+    passing = False  # inside a line that is being copied through
+
+    def emit(data: bytes) -> None:
+        dst.write(data)
+        dst.flush()
+
+    def finish(line: bytes) -> None:
+        summary = _as_summary(line)
+        emit(f"  summary ({step}): {summary}\n".encode() if summary is not None else line)
+
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data, held = held + chunk, b""
+        while data:
+            newline = data.find(b"\n")
+            if passing:
+                part, data = (data, b"") if newline < 0 else (data[:newline + 1], data[newline + 1:])
+                emit(part)
+                passing = newline < 0
+            elif newline >= 0:
+                finish(data[:newline + 1])
+                data = data[newline + 1:]
+            elif data.lstrip()[:1] in (b"{", b""):
+                held, data = data, b""
+            else:
+                emit(data)
+                data, passing = b"", True
+    if held:
+        finish(held)

@@ -84,7 +84,11 @@ def dist_info() -> tuple[int, int]:
 
 
 def quiet_transformers() -> None:
-    """Silence transformers' per-load progress bars and info chatter in scripts (our tqdm bars stay)."""
+    """Silence transformers' per-load progress bars and info chatter in scripts (our tqdm bars stay), and peft's
+    FutureWarning on every adapter load (it reads transformers' deprecated ``is_gradient_checkpointing``)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     try:
         from transformers.utils import logging as hf_logging
 

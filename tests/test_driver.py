@@ -71,6 +71,23 @@ def driver_env(tmp: Path, model: Path, data: Path, server_url: str, out: str) ->
     return env
 
 
+def md_cells(row: str) -> list[str]:
+    """The cells of a Markdown table row as a renderer splits them: on every ``|`` not escaped as ``\\|``."""
+    return [c.strip() for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]]
+
+
+def md_tables(text: str) -> list[list[str]]:
+    """Runs of consecutive lines that start with ``|``."""
+    tables, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            tables.append(current)
+            current = []
+    return tables
+
+
 def run_driver(env: dict, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(ROOT / "run_repair.sh")], env=env, capture_output=True, text=True,
                           cwd=ROOT, **kw)
@@ -119,15 +136,51 @@ def test_driver_end_to_end_skip_and_resume(tiny_model_dir, tmp_path, server):
     assert len(args2["triplets"]) == 2
     report = (run / "report.md").read_text()
     assert "| 0 (before) |" in report and "| 2 |" in report and "biosses" in report
-    assert "| iteration | |T0| |" in report
+    # |T0| etc. are escaped, so every row of every table has as many cells as the header and the separator
+    assert "| iteration | \\|T0\\| | \\|Q_conf\\| | \\|C_conf\\| |" in report
+    tables = md_tables(report)
+    assert len(tables) == 3
+    for table in tables:
+        header, separator, *rows = table
+        assert len(md_cells(header)) == len(md_cells(separator)) >= 2, table
+        assert all(len(md_cells(row)) == len(md_cells(header)) for row in rows), table
+    counts = dict(zip(md_cells(tables[1][0]), md_cells(tables[1][2])))
+    assert counts["\\|T0\\|"] == "12" and counts["kept"] != "–"
     assert "0 (before)" in first.stdout  # the metrics table is printed at the end
+    # the console shows steps, tables and short summary lines: no raw JSON, no library deprecation noise
+    assert [ln for ln in first.stdout.splitlines() if ln.lstrip().startswith("{")] == []
+    assert "  summary (iter1.04_merge): stage=04_merge_cconf pct=30 " in first.stdout
+    assert '"stage": "04_merge_cconf"' in (run / "logs" / "iter1.04_merge.log").read_text()  # the log keeps it
+    assert "FutureWarning" not in first.stdout + first.stderr
+    # |T0| = 12 and VALID_FACTOR 2: 24 valid tuples wanted, but 2 rounds of 8 queries cannot verify more than 16
+    stopped = re.findall(r"expansion stopped at the round limit \(2\): (\d+) / 24 valid tuples", first.stdout)
+    assert len(stopped) == 2 and all(int(n) < 24 for n in stopped), first.stdout[-3000:]  # one per iteration
+    assert json.loads((run / "settings.json").read_text())["settings"]["PCT"] == 30
 
     before = outputs(run)
+    report_stat = (run / "report.md").stat().st_mtime_ns
     second = run_driver(env, timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
     started = [ln for ln in second.stdout.splitlines() if "] start " in ln and "start report" not in ln]
     assert started == [], started
     assert outputs(run) == before
+    # a rerun that did nothing does not rewrite the report (it prints it)
+    assert "nothing to do: every step was already done; the report is unchanged" in second.stdout
+    assert "0 (before)" in second.stdout and (run / "report.md").stat().st_mtime_ns == report_stat
+
+    # a rerun with settings that change results is refused within seconds, naming each difference
+    t0 = time.time()
+    changed = run_driver({**env, "PCT": "20", "MODEL": "minilm", "TOP_K": "6", "DEVICE": "cpu"}, timeout=60)
+    assert changed.returncode == 2 and time.time() - t0 < 20, changed.stdout + changed.stderr
+    assert f"  MODEL: the run used '{tiny_model_dir}', now 'minilm'\n  PCT: the run used 30, now 20\n" in changed.stderr
+    assert "  TOP_K: the run used 5, now 6\n" in changed.stderr and "FORCE=1" in changed.stderr
+    assert "DEVICE" not in changed.stderr and "] start " not in changed.stdout
+    assert (run / "report.md").stat().st_mtime_ns == report_stat
+    # the report tool itself refuses a PCT the run did not use (its files would read as dashes)
+    wrong = subprocess.run([sys.executable, str(ROOT / "eval" / "run_report.py"), "--run_dir", str(run), "--pct", "20"],
+                           capture_output=True, text=True, timeout=120)
+    assert wrong.returncode != 0 and "settings.json says the run used PCT=30" in wrong.stderr
+    assert (run / "report.md").stat().st_mtime_ns == report_stat
 
     # a training killed before its first checkpoint (--save_steps 0 writes none) leaves its args and log behind;
     # the rerun must start that training over, not refuse the folder, and end with the same model
@@ -173,6 +226,15 @@ def test_driver_end_to_end_skip_and_resume(tiny_model_dir, tmp_path, server):
         for name, metrics in a[k].items():
             for metric, value in metrics.items():
                 assert b[k][name][metric] == pytest.approx(value, abs=1e-6)
+
+
+def test_driver_checks_every_setting_before_any_work(tmp_path):
+    """PCT=150 used to fail in step 01, after the baseline evaluation; now the driver stops in a second."""
+    t0 = time.time()
+    proc = run_driver(dict(os.environ, PCT="150", LR="fast", DEMO="tiny", OUT_DIR=str(tmp_path / "r")), timeout=30)
+    assert proc.returncode == 2 and time.time() - t0 < 10
+    assert proc.stderr.splitlines() == ["PCT must be in 1..100, got 150", "LR must be a number, got 'fast'"]
+    assert proc.stdout == "" and not (tmp_path / "r").exists()
 
 
 def test_driver_input_errors(tmp_path):
@@ -244,13 +306,13 @@ def test_driver_causalneg_negatives_reach_training_with_qem(tiny_model_dir, tmp_
     assert sum(row["qem_queries"] for row in log) > 0  # the entropy term saw generated negatives
 
 
-def generator_command(env: dict, run: Path) -> str:
+def generator_command(env: dict) -> str:
     """Start the driver, wait for it to write iteration 1's first generation command, stop it, return the command.
 
     The step's .cmd file is written before the step runs, so this reads exactly what 05 was launched with without
     depending on what the tiny random model generates; the killed round is not marked done and reruns next time.
     """
-    cmd_file = run / "logs" / "iter1.05_generate.r1.cmd"
+    cmd_file = Path(env["OUT_DIR"]) / "logs" / "iter1.05_generate.r1.cmd"
     cmd_file.unlink(missing_ok=True)
     proc = subprocess.Popen(["bash", str(ROOT / "run_repair.sh")], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -277,11 +339,43 @@ def test_driver_gen_adapter_chooses_the_generators_lora(tiny_model_dir, tmp_path
     data = make_corpus(tmp_path / "matsci")
     env = driver_env(tmp_path, tiny_model_dir, data, "http://127.0.0.1:9", "run_gen")
     env.update({"GENERATOR": "hf", "ITERS": "1", "EVAL_DATA": "", "ADAPTER": adapters["retriever"]})
-    run = tmp_path / "run_gen"
     # auto (the paper): the generator is the retriever's backbone with the retriever's current adapter
-    assert f"--adapter {adapters['retriever']}" in generator_command(env, run)
-    assert "--adapter" not in generator_command({**env, "GEN_ADAPTER": "none"}, run)
-    chosen = generator_command({**env, "GEN_ADAPTER": adapters["other"]}, run)
+    assert f"--adapter {adapters['retriever']}" in generator_command(env)
+    # that folder's finished diagnosis was made with GEN_ADAPTER=auto: another generator there is refused
+    refused = run_driver({**env, "GEN_ADAPTER": "none"}, timeout=60)
+    assert refused.returncode == 2 and "  GEN_ADAPTER: the run used 'auto', now 'none'" in refused.stderr
+    assert "--adapter" not in generator_command({**env, "GEN_ADAPTER": "none", "OUT_DIR": str(tmp_path / "r_none")})
+    chosen = generator_command({**env, "GEN_ADAPTER": adapters["other"], "OUT_DIR": str(tmp_path / "r_other")})
     assert f"--adapter {adapters['other']}" in chosen and adapters["retriever"] not in chosen
     # a different generator model never gets the retriever's adapter under auto
-    assert "--adapter" not in generator_command({**env, "GEN_MODEL": str(tiny_model_dir) + "/"}, run)
+    other_model = {**env, "GEN_MODEL": str(tiny_model_dir) + "/", "OUT_DIR": str(tmp_path / "r_model")}
+    assert "--adapter" not in generator_command(other_model)
+
+
+def test_report_tables_render_and_a_rewrite_never_loses_numbers(tmp_path):
+    """A report rebuilt when its inputs are gone (or read under another PCT) used to replace the counts with
+    dashes; and the |T0| headers broke the Markdown tables."""
+    from repair.report import ReportError, write_report
+
+    run = tmp_path / "run"
+    (run / "iter0" / "eval").mkdir(parents=True)
+    (run / "iter1" / "diagnosis").mkdir(parents=True)
+    result = {"dataset": "scifact", "headline": "ndcg@10", "ndcg@10": 0.5}
+    (run / "iter0" / "eval" / "eval.json").write_text(json.dumps({"results": [result]}))
+    meta = run / "iter1" / "diagnosis" / "01.train_diagnosis_meta.cos_percentile.json"
+    meta.write_text(json.dumps({"t0": {"rows": 12}, "percentiles": {"30": {"confused": 4}}}))
+    path, _ = write_report(run, 30)
+    text = path.read_text()
+    for table in md_tables(text):
+        header, separator, *rows = table
+        assert len(md_cells(header)) == len(md_cells(separator)), table
+        assert all(len(md_cells(row)) == len(md_cells(header)) for row in rows), table
+    counts = next(t for t in md_tables(text) if "Q_conf" in t[0])
+    assert dict(zip(md_cells(counts[0]), md_cells(counts[2])))["\\|Q_conf\\|"] == "4"
+
+    meta.unlink()  # the diagnosis is gone: a rebuild would show "–" where the report said 4
+    with pytest.raises(ReportError, match="no longer give iter1 t0, iter1 q_conf"):
+        write_report(run, 30)
+    assert path.read_text() == text
+    write_report(run, 30, overwrite=True)  # the driver passes --force only with FORCE=1
+    assert "| 1 | – | – |" in path.read_text()

@@ -1,0 +1,168 @@
+"""The driver's settings (repair/settings.py): every value checked up front with a message naming the setting,
+profiles below the environment, and the record that makes a rerun with other settings refuse instead of
+silently skipping every step. Real files only (profile files, BEIR folders, run folders in tmp_path)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from repair.settings import (
+    RECORD_FILE,
+    SettingsError,
+    check_and_record,
+    help_text,
+    resolve,
+    validate,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "data" / "demo" / "scifact-tiny"
+
+
+def problems_for(env: dict[str, str]) -> list[str]:
+    return validate(resolve(env, ROOT), env)
+
+
+def test_every_numeric_enum_and_path_setting_is_checked_with_its_name():
+    base = {"TRAIN_DATA": str(TINY)}
+    assert problems_for(base) == []
+    assert problems_for({**base, "PCT": "150"}) == ["PCT must be in 1..100, got 150"]
+    assert problems_for({**base, "PCT": "0"}) == ["PCT must be in 1..100, got 0"]
+    assert problems_for({**base, "PCT": "thirty"}) == ["PCT must be an integer, got 'thirty'"]
+    assert problems_for({**base, "LR": "0"}) == ["LR must be > 0, got 0"]
+    assert problems_for({**base, "LR": "nan"}) == ["LR must be a finite number, got 'nan'"]
+    assert problems_for({**base, "CN_RATIO": "1.5"}) == ["CN_RATIO must be in (0, 1], got 1.5"]
+    assert problems_for({**base, "WARMUP_RATIO": "1"}) == ["WARMUP_RATIO must be in [0, 1), got 1"]
+    assert problems_for({**base, "NUM_HARD_NEG": "-2"}) == ["NUM_HARD_NEG must be >= -1, got -2"]
+    assert problems_for({**base, "GEN_ROUND": "0"}) == ["GEN_ROUND must be >= 1, got 0"]
+    assert problems_for({**base, "FULL_FINETUNE": "yes"}) == ["FULL_FINETUNE must be 0 or 1, got 'yes'"]
+    assert problems_for({**base, "POOL": "near"}) == ["POOL must be local or global, got 'near'"]
+    assert problems_for({**base, "DEVICE": "gpu"}) == ["DEVICE must be cpu, cuda, cuda:N or mps, got 'gpu'"]
+    assert problems_for({**base, "DEVICE": "cuda:1"}) == []
+    assert problems_for({**base, "MODEL": "./no/such/model"}) == [
+        "MODEL not found: ./no/such/model (a local model folder; a Hugging Face id looks like org/name)"]
+    assert problems_for({**base, "MODEL": "Qwen/Qwen2.5-0.5B"}) == []  # a hub id is not checked offline
+    assert problems_for({**base, "S2_KEY_FILE": "/no/keys.txt"}) == ["S2_KEY_FILE not found: /no/keys.txt"]
+    assert problems_for({**base, "GROUNDING": "mp"}) == ["GROUNDING=mp needs a Materials Project key in $MP_API_KEY"]
+    assert problems_for({**base, "GROUNDING": "mp", "MP_API_KEY": "k"}) == []
+    assert problems_for({**base, "OPENAI_URL": "localhost:8000"}) == [
+        "OPENAI_URL must be an http(s):// URL, got 'localhost:8000'"]
+    # several bad values: every one is reported at once, not the first only
+    many = problems_for({**base, "PCT": "150", "EPOCHS": "1.5", "TOP_K": "3", "CONSISTENCY_K": "5"})
+    assert many == ["PCT must be in 1..100, got 150", "EPOCHS must be an integer, got '1.5'",
+                    "TOP_K (3) must be >= CONSISTENCY_K (5): 09 decides rank(d+) <= kappa from 08's top-k list"]
+
+
+def test_paths_splits_and_computed_defaults(tmp_path):
+    missing = tmp_path / "t0.jsonl"
+    assert problems_for({"TRAIN_DATA": str(missing)}) == [f"TRAIN_DATA not found: {missing}"]
+    assert problems_for({"TRAIN_DATA": str(TINY), "TRAIN_SPLIT": "dev"}) == [
+        f"TRAIN_SPLIT='dev': {TINY / 'qrels'} has no dev.tsv (splits there: test, train)"]
+    assert problems_for({"TRAIN_DATA": str(TINY), "EVAL_DATA": f"scifact:ir:{tmp_path / 'nope'}"}) == [
+        f"EVAL_DATA entry not found: {tmp_path / 'nope'} (from 'scifact:ir:{tmp_path / 'nope'}')"]
+    adapter = tmp_path / "not_an_adapter"
+    adapter.mkdir()
+    assert problems_for({"TRAIN_DATA": str(TINY), "ADAPTER": str(adapter)}) == [
+        f"ADAPTER must be a LoRA adapter folder (no adapter_config.json in '{adapter}')"]
+    # a JSONL T0 has no corpus to verify against: SOURCE=local needs LOCAL_CORPUS
+    t0 = tmp_path / "t0.jsonl"
+    t0.write_text(json.dumps({"query": "q", "positive": "p"}) + "\n")
+    assert problems_for({"TRAIN_DATA": str(t0)})[0].startswith("SOURCE=local needs LOCAL_CORPUS")
+    v = resolve({"TRAIN_DATA": str(TINY), "NEGATIVES": "causalneg", "MODEL": "minilm"}, ROOT).values
+    assert (v["LOCAL_CORPUS"], v["GEN_MODEL"], v["NUM_HARD_NEG"], v["QEM_LAMBDA"]) == (str(TINY), "minilm", "-1", "0.1")
+    v = resolve({"TRAIN_DATA": str(TINY)}, ROOT).values
+    assert (v["NUM_HARD_NEG"], v["QEM_LAMBDA"], v["MAX_LENGTH"], v["OUT_DIR"]) == ("1", "0", "512", "runs/repair")
+
+
+def test_profiles_sit_between_defaults_and_the_environment(tmp_path):
+    demo = resolve({}, ROOT)  # neither PROFILE nor TRAIN_DATA: the demo
+    assert demo.profile.name == "demo"
+    assert (demo.values["TRAIN_DATA"], demo.values["EVAL_DATA"]) == (str(ROOT / "data/demo/scifact-demo"),) * 2
+    assert (demo.values["MAX_LENGTH"], demo.values["ITERS"], demo.values["OUT_DIR"]) == ("128", "2", "runs/demo")
+    tiny = resolve({"DEMO": "tiny"}, ROOT)  # the old alias
+    assert tiny.profile.name == "demo-tiny" and tiny.values["TRAIN_DATA"] == str(TINY)
+    assert resolve({"PROFILE": "demo-tiny", "ITERS": "3"}, ROOT).values["ITERS"] == "3"  # the environment wins
+    with pytest.raises(SettingsError, match="DEMO must be full or tiny, got 'huge'"):
+        resolve({"DEMO": "huge"}, ROOT)
+    with pytest.raises(SettingsError, match="PROFILE must be demo \\| demo-tiny or a profile file, got 'fast'"):
+        resolve({"PROFILE": "fast"}, ROOT)
+
+    own = tmp_path / "mine.env"
+    own.write_text("# my settings\nABOUT=my run\nTRAIN_DATA=${REPAIR_ROOT}/data/demo/scifact-tiny\n"
+                   "PCT=0\nLR='3e-4'  \nMAX_LENGTH=96 # tokens\n")
+    env = {"PROFILE": str(own), "MAX_LENGTH": "64"}
+    mine = resolve(env, ROOT)
+    assert (mine.values["TRAIN_DATA"], mine.values["LR"], mine.values["MAX_LENGTH"]) == (str(TINY), "3e-4", "64")
+    assert mine.profile.about == "my run"
+    # a bad value from a profile names the file and line it came from
+    assert validate(mine, env) == [f"PCT must be in 1..100, got 0 (from {own}:4)"]
+    own.write_text("TRAIN_DATA=x\nPCTT=20\n")
+    with pytest.raises(SettingsError, match=f"{own}:2: unknown setting 'PCTT'"):
+        resolve({"PROFILE": str(own)}, ROOT)
+
+
+def test_a_rerun_with_result_changing_settings_is_refused_naming_each(tmp_path):
+    out = tmp_path / "run"
+    env = {"TRAIN_DATA": str(TINY), "OUT_DIR": str(out), "LR": "1e-4", "PCT": "30"}
+    check_and_record(out, resolve(env, ROOT).values, force=False)
+    recorded = json.loads((out / RECORD_FILE).read_text())["settings"]
+    assert (recorded["PCT"], recorded["LR"], recorded["TRAIN_DATA"]) == (30, 0.0001, str(TINY))
+    # no finished step yet: a changed setting simply replaces the record (a failed first try can be fixed)
+    check_and_record(out, resolve({**env, "PCT": "20"}, ROOT).values, force=False)
+    assert json.loads((out / RECORD_FILE).read_text())["settings"]["PCT"] == 20
+    (out / ".state").mkdir()
+    (out / ".state" / "iter0.eval.done").write_text("3\n")
+    env["PCT"] = "20"
+    with pytest.raises(SettingsError) as err:
+        check_and_record(out, resolve({**env, "PCT": "25", "MODEL": "minilm"}, ROOT).values, force=False)
+    assert err.value.problems[1:3] == ["  MODEL: the run used 'smollm2-135m', now 'minilm'",
+                                       "  PCT: the run used 20, now 25"]
+    assert "FORCE=1" in err.value.problems[-1]
+    assert json.loads((out / RECORD_FILE).read_text())["settings"]["PCT"] == 20  # a refusal writes nothing
+    # the same values written differently, plumbing, and more iterations are the same run
+    same = {**env, "LR": "0.0001", "DEVICE": "cpu", "BATCH_SIZE": "8", "ITERS": "3", "TRAIN_DATA": str(TINY) + "/"}
+    check_and_record(out, resolve(same, ROOT).values, force=False)
+    assert json.loads((out / RECORD_FILE).read_text())["settings"]["ITERS"] == 3
+    # FORCE=1 redoes every step: the new settings become the record
+    check_and_record(out, resolve({**env, "PCT": "25"}, ROOT).values, force=True)
+    assert json.loads((out / RECORD_FILE).read_text())["settings"]["PCT"] == 25
+
+
+def test_the_record_carries_no_url_credentials(tmp_path):
+    url = "https://user:s3cret@llm.example:8443/v1?key=abc"
+    env = {"TRAIN_DATA": str(TINY), "GENERATOR": "openai", "OPENAI_URL": url}
+    check_and_record(tmp_path, resolve(env, ROOT).values, force=False)
+    text = (tmp_path / RECORD_FILE).read_text()
+    assert "s3cret" not in text and "abc" not in text
+    assert json.loads(text)["settings"]["OPENAI_URL"] == "https://llm.example:8443/v1"
+
+
+def test_help_lists_profiles_and_their_real_values():
+    text = help_text(ROOT)
+    assert "  demo-tiny       configs/demo-tiny.env: the shipped tiny SciFact slice" in text
+    eval_line = next(line for line in text.splitlines() if line.startswith("  EVAL_DATA "))
+    # the demo evaluates on its own slice only (the old help claimed "the demo folder + data/biosses")
+    assert eval_line.endswith("[none; demo data/demo/scifact-demo; demo-tiny data/demo/scifact-tiny]")
+    assert "biosses" not in eval_line
+    assert "  PCT             bottom percentile of margins = Q_conf [30]" in text
+
+
+def test_the_driver_check_needs_no_torch_and_prints_shell_assignments(tmp_path):
+    code = ("import sys, runpy; sys.argv = ['x', 'resolve', '--no_record']; "
+            "import repair.settings as s; rc = s.main(sys.argv[1:]); "
+            "print('TORCH', 'torch' in sys.modules, file=sys.stderr); sys.exit(rc)")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "TRAIN_DATA": str(TINY), "OUT_DIR": str(tmp_path / "r"),
+           "CN_EXTRA": "--temperature 0.7 --note 'it''s'"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "TORCH False" in proc.stderr
+    assert not (tmp_path / "r").exists()  # --no_record: validation only
+    # the assignments survive bash's eval with quotes intact
+    shown = subprocess.run(["bash", "-c", 'eval "$1"; printf "%s|%s" "$PCT" "$CN_EXTRA"', "_", proc.stdout],
+                           capture_output=True, text=True)
+    assert shown.stdout == "30|--temperature 0.7 --note 'it''s'"
