@@ -15,6 +15,11 @@ parallel but verdicts are decided and written in the generated file's order, a p
 the output in input order, so any number of keys, 429s, failures and resumes gives the same bytes. The
 driver repeats 05 -> 06 until :func:`count_valid` reaches 2 x |T0| (docs/expansion.md).
 
+What q_new is (issue 16, ``QUERY_FORM``): the top hit's title (default, the paper, whose T0 is title -> abstract),
+the generated query itself (``query_form="generated"``), or a query rewritten in T0's own style after verification
+(:func:`rewrite_t0_style`, ``expansion/06c_t0_style_queries.py``). 06 exits non-zero when every item of a run
+failed (:meth:`VerificationStats.all_failed`).
+
 ``--mode concept`` (:func:`run_concept_mode`) keeps the original behaviour: every concept string is searched
 and all its hits are written as one group line ``{concept, got_k, papers}``; :func:`concept_groups_to_tuples`
 turns such a file into expansion tuples (each paper with an abstract becomes a q_new/d+ pair, the rest of its
@@ -34,8 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Container, Iterable
 
-from .data import DataError, JsonlAppender, iter_jsonl, read_lines, write_jsonl
-from .generation import DEFAULT_SAMPLING, PROMPT_IDS, build_prompt, clean_query
+from .data import DataError, JsonlAppender, SeedSet, iter_jsonl, read_jsonl, read_lines, write_jsonl
+from .generation import (DEFAULT_SAMPLING, PROMPT_IDS, T0_STYLE_PROMPT_ID, build_prompt, build_t0_style_prompt,
+                         clean_query, shared_content_words, t0_query_style)
 from .sources.base import LiteratureSource, Paper, cap_query
 from .sources.http import SourceError
 
@@ -48,6 +54,12 @@ EXPANSION_REQUIRED = {"id": str, "q_model": str, "q_new": str, "d_pos": str, "ne
                       "source": str}
 # "refused": the source answered a 4xx other than 429/401/403 (400, 414 ...): asking again cannot help.
 DONE_STATUSES = frozenset({"ok", "no_hits", "no_abstract", "duplicate", "off_concept", "refused"})
+ERROR_STATUSES = frozenset({"failed", "refused"})
+# What 06 writes as q_new (issue 16): "title" = the verified top hit's title (the paper: its T0 is title ->
+# abstract); "generated" = the generator's own query, the top hit still the positive. A line records its form
+# only when it is not the default, so default files stay what they were.
+QUERY_FORMS = ("title", "generated")
+DEFAULT_QUERY_FORM = "title"
 
 
 def status_path_for(out_jsonl: str | Path) -> Path:
@@ -269,7 +281,8 @@ def mentions_concept(paper: Paper, concepts: list[str]) -> bool:
 
 
 def verify_hits(row: dict, hits: list[Paper], target_k: int, source: str,
-                used_positives: Container[str] | None = None, require_concept: bool = False) -> Verdict:
+                used_positives: Container[str] | None = None, require_concept: bool = False,
+                query_form: str = DEFAULT_QUERY_FORM) -> Verdict:
     """Apply the paper's verification rule to one generated query's hits (DESIGN 5 step 6).
 
     The top hit that has an abstract is the positive (papers without an abstract cannot be d+); q_new is
@@ -278,7 +291,11 @@ def verify_hits(row: dict, hits: list[Paper], target_k: int, source: str,
     positives) is a ``duplicate``; the record itself never depends on ``used_positives``.
     ``require_concept`` (not in the paper; a stricter option) takes the top hit with an abstract that also
     mentions one of the query's concepts, and calls the query ``off_concept`` when no hit does.
+    ``query_form`` "generated" makes q_new the generated query itself (d+ and D-_cand unchanged; the title stays in
+    ``pos_meta``), for seed sets whose queries are not titles (issue 16).
     """
+    if query_form not in QUERY_FORMS:
+        raise ValueError(f"unknown query form {query_form!r}; expected one of {QUERY_FORMS}")
     if not hits:
         return Verdict("no_hits", reason="the source returned no paper")
     with_abstract = [i for i, h in enumerate(hits) if h.abstract.strip() and h.title.strip()]
@@ -300,11 +317,14 @@ def verify_hits(row: dict, hits: list[Paper], target_k: int, source: str,
         negatives.append({"id": h.id, "doi": h.doi, "title": h.title, "abstract": h.abstract})
         if len(negatives) >= target_k:
             break
+    q_new = row["query"] if query_form == "generated" else pos.title
     record = {"id": row["id"], "q_model": row["query"], "concepts": row.get("concepts") or [],
-              "q_new": pos.title, "d_pos": pos.abstract, "pos_meta": _meta(pos), "pos_rank": pos_rank + 1,
+              "q_new": q_new, "d_pos": pos.abstract, "pos_meta": _meta(pos), "pos_rank": pos_rank + 1,
               "n_hits": len(hits), "negative_candidates": negatives, "source": source}
     if pos.score is not None:
         record["pos_score"] = round(pos.score, 4)
+    if query_form != DEFAULT_QUERY_FORM:
+        record["query_form"] = query_form
     return Verdict("ok", record)
 
 
@@ -345,6 +365,21 @@ class VerificationStats:
     demoted: int = 0  # tuples of later queries that became "duplicate" when a resumed earlier query took the positive
     stopped: str = ""
     seconds: float = 0.0
+    last_error: str = ""  # reason of the last failed/refused item of this run (not in the summary)
+
+    def all_failed(self) -> str | None:
+        """The one-line error when this run processed items and every one ended in an error (issue 18: 06 used to
+        exit 0 then, and the driver went on with nothing new); None otherwise."""
+        processed = sum(self.counts.values())
+        if not processed or any(status not in ERROR_STATUSES for status in self.counts):
+            return None
+        failed, refused = self.counts.get("failed", 0), self.counts.get("refused", 0)
+        last = " ".join(self.last_error.split())
+        if not failed:
+            return (f"all {processed} items were refused by the source (a 4xx, not retried by --resume; last error: "
+                    f"{last}); check the queries and the source flags")
+        what = f"all {processed} items failed" + (f" ({refused} of them refused: a 4xx)" if refused else "")
+        return f"{what} (last error: {last}); rerun with --resume"
 
     def as_dict(self) -> dict:
         return {"processed": dict(self.counts), "skipped_done": self.skipped_done,
@@ -398,8 +433,10 @@ class _PositivesBefore:
 
 
 def _positive_key(rec: dict) -> str:
+    """The dedup key of a tuple's positive paper: its DOI, else its title (``pos_meta``'s: with
+    ``--query_form generated`` q_new is not the title)."""
     meta = rec.get("pos_meta") or {}
-    return Paper(id=meta.get("id", ""), title=rec["q_new"], doi=meta.get("doi")).dedup_key()
+    return Paper(id=meta.get("id", ""), title=meta.get("title") or rec["q_new"], doi=meta.get("doi")).dedup_key()
 
 
 def _read_generated(generated_jsonl: str | Path) -> list[dict]:
@@ -472,7 +509,8 @@ def run_verification(source: LiteratureSource, generated_jsonl: str | Path, out_
                      target_k: int = 20, search_k: int | None = None, status_path: str | Path | None = None,
                      resume: bool = False, target_valid: int | None = None, workers: int = 1,
                      max_items: int | None = None, item_sleep: float = 0.0, allow_duplicate_positives: bool = False,
-                     require_concept: bool = False, progress: bool = True) -> VerificationStats:
+                     require_concept: bool = False, query_form: str = DEFAULT_QUERY_FORM,
+                     progress: bool = True) -> VerificationStats:
     """Verify every generated query not done yet; append tuples to ``out_jsonl``, statuses beside it.
 
     A query is done once its tuple is in ``out_jsonl`` or its last status is one of :data:`DONE_STATUSES`;
@@ -482,6 +520,7 @@ def run_verification(source: LiteratureSource, generated_jsonl: str | Path, out_
     tuples exist. Verdicts are decided and written in input order (see the module docstring), so the
     output does not depend on workers, timing, failures or resumes. An empty generated file is an error
     (05 produced nothing) unless 05 recorded finished rounds that rejected every completion (a warning).
+    ``query_form`` (:data:`QUERY_FORMS`) picks what q_new is; a resumed file must keep the form it was made with.
     """
     from tqdm import tqdm
 
@@ -502,7 +541,11 @@ def run_verification(source: LiteratureSource, generated_jsonl: str | Path, out_
     done: set[str] = set()
     if out_jsonl.exists():
         JsonlAppender(out_jsonl).close()
-        for rec in iter_jsonl(out_jsonl, required=EXPANSION_REQUIRED):
+        for lineno, rec in iter_jsonl(out_jsonl, required=EXPANSION_REQUIRED, with_lineno=True):
+            if rec.get("query_form", DEFAULT_QUERY_FORM) != query_form:
+                raise DataError(f"{out_jsonl}:{lineno}: field 'query_form': this file was made with --query_form "
+                                f"{rec.get('query_form', DEFAULT_QUERY_FORM)}, not {query_form}; resume with the "
+                                "same form or choose a new --out_jsonl")
             done.add(rec["id"])
             key, index = _positive_key(rec), order.get(rec["id"], len(rows))
             first_use[key] = min(first_use.get(key, index), index)
@@ -538,6 +581,7 @@ def run_verification(source: LiteratureSource, generated_jsonl: str | Path, out_
                 break
             if isinstance(result, SourceError) and result.permanent:
                 stats.counts["refused"] += 1
+                stats.last_error = str(result)[:500]
                 status_log.append({"id": row["id"], "status": "refused", "reason": str(result)[:500],
                                    "http_status": result.status, "time": round(time.time(), 3)})
                 continue
@@ -545,13 +589,14 @@ def run_verification(source: LiteratureSource, generated_jsonl: str | Path, out_
                 if not isinstance(result, SourceError):
                     logger.exception("unexpected error on %s", row["id"], exc_info=result)
                 stats.counts["failed"] += 1
+                stats.last_error = str(result)[:500]
                 status_log.append({"id": row["id"], "status": "failed", "reason": str(result)[:500],
                                    "time": round(time.time(), 3)})
                 continue
             index = order[row["id"]]
             verdict = verify_hits(row, result, target_k, source.name,
                                   None if allow_duplicate_positives else _PositivesBefore(first_use, index),
-                                  require_concept)
+                                  require_concept, query_form)
             if verdict.record is not None:
                 out.append(verdict.record)  # the tuple first: a kill before the status line loses nothing
                 key = _positive_key(verdict.record)
@@ -620,11 +665,13 @@ def run_concept_mode(source: LiteratureSource, concepts: list[str], out_jsonl: s
                 break
             if isinstance(result, SourceError) and result.permanent:
                 stats.counts["refused"] += 1
+                stats.last_error = str(result)[:500]
                 status_log.append({"id": concept, "status": "refused", "reason": str(result)[:500],
                                    "http_status": result.status})
                 continue
             if isinstance(result, Exception):
                 stats.counts["failed"] += 1
+                stats.last_error = str(result)[:500]
                 status_log.append({"id": concept, "status": "failed", "reason": str(result)[:500]})
                 continue
             hits, elapsed = result
@@ -660,3 +707,194 @@ def concept_groups_to_tuples(concept_jsonl: str | Path, out_jsonl: str | Path, t
                                       "year": p.get("year"), "venue": p.get("venue"), "url": p.get("url")},
                          "negative_candidates": negatives, "source": p.get("source") or "unknown"})
     return write_jsonl(out_jsonl, rows)
+
+
+# ---------------------------------------------------------------------------------------------- T0-style queries
+T0_ON_FAILURE = ("keep_title", "drop")
+T0_REWRITE_STATUSES = ("rewritten", "kept_title", "dropped")
+
+
+def draw_t0_examples(seed_set: SeedSet, key: str, k: int, seed: int, exclude: str = "") -> list[int]:
+    """The rows of T0 shown as examples for the tuple ``key``: a function of (seed, key) only, so a resumed,
+    reordered or grown input draws the same ones for a tuple. A row whose passage contains ``exclude`` (the
+    tuple's own abstract, when the literature source is T0's corpus) is skipped: its query would be the answer."""
+    n = len(seed_set)
+    rng = random.Random(f"{seed}:t0-examples:{key}")
+    excluded = " ".join(exclude.split())
+    # a small T0 is shuffled whole; a large one sampled with replacement (O(k), not O(|T0|), per tuple)
+    candidates: Iterable[int] = rng.sample(range(n), n) if n <= 8 * k else (rng.randrange(n) for _ in range(64 * k))
+    picks: list[int] = []
+    for i in candidates:
+        if i in picks or (excluded and excluded in " ".join(seed_set.passages[i].split())):
+            continue
+        picks.append(i)
+        if len(picks) == k:
+            break
+    return picks
+
+
+def t0_max_words(queries: list[str]) -> int:
+    """The default length limit of a T0-style query: twice the 90th percentile of T0's query lengths (words), at
+    least 12, so a claim set does not get paragraph-long "claims"."""
+    lengths = sorted(len(re.findall(r"\w+", q)) for q in queries)
+    return max(12, 2 * lengths[int(0.9 * (len(lengths) - 1))]) if lengths else 12
+
+
+@dataclass
+class T0StyleStats:
+    style: str = ""
+    max_words: int = 0
+    tuples: int = 0
+    skipped_done: int = 0
+    rewritten: int = 0
+    kept_title: int = 0
+    dropped: int = 0
+    prompts: int = 0  # prompts sent to the generator this run (retries included)
+    rejected: Counter = field(default_factory=Counter)  # cleaning verdicts of the rejected completions
+
+    def as_dict(self) -> dict:
+        return {"style": self.style, "max_words": self.max_words, "tuples": self.tuples,
+                "skipped_done": self.skipped_done, "rewritten": self.rewritten, "kept_title": self.kept_title,
+                "dropped": self.dropped, "prompts": self.prompts, "rejected": dict(self.rejected)}
+
+
+def _read_expansion_for_rewrite(path: str | Path) -> list[dict]:
+    """06's tuples, ids unique; a file that already holds T0-style queries (``q_title``) is refused (its q_new
+    would be rewritten again and ``q_title`` lost)."""
+    rows, first_line = [], {}
+    for lineno, rec in iter_jsonl(path, required=EXPANSION_REQUIRED, with_lineno=True):
+        if rec["id"] in first_line:
+            raise DataError(f"{path}:{lineno}: field 'id': {rec['id']!r} repeats line {first_line[rec['id']]} "
+                            "(ids must be unique)")
+        if "q_title" in rec:
+            raise DataError(f"{path}:{lineno}: field 'q_title': this line was already rewritten in T0's style; give "
+                            "06's expansion JSONL as input")
+        first_line[rec["id"]] = lineno
+        rows.append(rec)
+    return rows
+
+
+def _t0_done(out_jsonl: Path, status_path: Path, settings: dict) -> set[str]:
+    """Ids already written (or dropped) by an earlier run with the same settings; other settings are an error."""
+    done: set[str] = set()
+    for path in (out_jsonl, status_path):
+        if not path.exists():
+            continue
+        JsonlAppender(path).close()  # cut a partial last line left by a killed run
+        for lineno, rec in iter_jsonl(path, required={"id": str, "t0_rewrite": dict}, with_lineno=True):
+            for name, value in settings.items():
+                if rec["t0_rewrite"].get(name) != value:
+                    raise ValueError(f"{path}:{lineno}: this file was written with {name}="
+                                     f"{rec['t0_rewrite'].get(name)!r}, not {value!r}; resume with the same settings "
+                                     "or choose a new --out_jsonl")
+            if path == out_jsonl or rec["t0_rewrite"].get("status") == "dropped":
+                done.add(rec["id"])
+    return done
+
+
+def rewrite_t0_style(expansion_jsonl: str | Path, seed_set: SeedSet, generator: Any, out_jsonl: str | Path, *,
+                     k: int = 3, seed: int = 42, style: str = "auto", chunk_size: int = 8, attempts: int = 2,
+                     on_failure: str = "keep_title", max_passage_chars: int = 1000, min_words: int = 3,
+                     max_words: int | None = None, min_shared_words: int = 2, sampling: dict | None = None,
+                     resume: bool = False, progress: bool = True) -> T0StyleStats:
+    """QUERY_FORM=t0 (issue 16): rewrite each verified tuple's q_new as a query in T0's own style.
+
+    The generator sees ``k`` (query, passage) examples of T0 (:func:`draw_t0_examples`) and the tuple's d+, and
+    writes one query (:func:`repair.generation.build_t0_style_prompt`); :func:`repair.generation.clean_query`
+    rejects echoes of the prompt (the examples' queries, the passage's sentences), empty, too short and too long
+    (``max_words``, default :func:`t0_max_words`) answers, and ``off_passage`` ones that share fewer than
+    ``min_shared_words`` content words with d+ (a small generator drifts off topic); rejected answers are asked
+    again, up to ``attempts`` generations in all.
+    A tuple whose rewrite still fails keeps its title (``on_failure`` "keep_title": no verified tuple is lost; the
+    line says ``query_form: title``) or is left out ("drop"); both are counted. Output lines are 06's with q_new
+    replaced, the title in ``q_title``, ``query_form`` and a ``t0_rewrite`` record; ids, d+ and the candidates are
+    unchanged. Tuples go in chunks of ``chunk_size`` fixed by input position, each sampled with a seed of (seed,
+    chunk): a resumed run regenerates a partly written chunk whole, so it writes the same bytes as one
+    uninterrupted run. Lines are appended one complete line at a time; ``resume`` skips the ids done.
+    """
+    from tqdm import tqdm
+
+    if on_failure not in T0_ON_FAILURE:
+        raise ValueError(f"unknown on_failure {on_failure!r}; expected one of {T0_ON_FAILURE}")
+    if k < 1 or attempts < 1 or chunk_size < 1:
+        raise ValueError("k, attempts and chunk_size must be at least 1")
+    if not len(seed_set):
+        raise DataError(f"{seed_set.source}: T0 holds no (query, passage) row to draw examples from")
+    out_jsonl = Path(out_jsonl)
+    status_path = status_path_for(out_jsonl)
+    rows = _read_expansion_for_rewrite(expansion_jsonl)
+    if not rows:
+        logger.warning("%s holds no verified tuple: nothing to rewrite", expansion_jsonl)
+    _open_outputs(out_jsonl, status_path, resume)
+    inferred = style == "auto"
+    style = t0_query_style(seed_set.queries) if inferred else style
+    max_words = max_words or t0_max_words(seed_set.queries)
+    sampling = {**DEFAULT_SAMPLING, **(sampling or {})}
+    settings = {"prompt_id": T0_STYLE_PROMPT_ID, "seed": seed, "k": k, "style": style, "chunk_size": chunk_size}
+    done = _t0_done(out_jsonl, status_path, settings)
+    info = generator.describe() if hasattr(generator, "describe") else {"backend": "custom"}
+    describe = {key: info[key] for key in ("backend", "model", "adapter") if info.get(key) is not None}
+    example_ids = seed_set.query_ids or [str(r) for r in seed_set.kept_rows] or [str(i) for i in range(len(seed_set))]
+    stats = T0StyleStats(style=style, max_words=max_words, tuples=len(rows))
+    logger.info("T0-style queries: style %s (%s), %d examples per prompt, at most %d words", style,
+                "inferred from T0's queries" if inferred else "given", k, max_words)
+    with JsonlAppender(out_jsonl) as out, JsonlAppender(status_path) as status_log:
+        chunks = list(enumerate(range(0, len(rows), chunk_size)))
+        for c, start in tqdm(chunks, desc="T0-style queries", unit="chunk", disable=not progress):
+            chunk = rows[start:start + chunk_size]
+            if all(row["id"] in done for row in chunk):
+                stats.skipped_done += len(chunk)
+                continue
+            examples = [draw_t0_examples(seed_set, row["id"], k, seed, row["d_pos"]) for row in chunk]
+            prompts = [build_t0_style_prompt([(seed_set.queries[i], seed_set.passages[i]) for i in picks],
+                                             row["d_pos"], style, max_passage_chars)
+                       for row, picks in zip(chunk, examples)]
+            queries: list[str | None] = [None] * len(chunk)
+            used: list[int] = [0] * len(chunk)
+            reasons: list[list[str]] = [[] for _ in chunk]
+            pending = list(range(len(chunk)))
+            for attempt in range(attempts):
+                if not pending:
+                    break
+                raws = generator.generate([prompts[i] for i in pending], n=1,
+                                          seed=(seed * 100_003 + c) * attempts + attempt, **sampling)
+                stats.prompts += len(pending)
+                still = []
+                for i, raw in zip(pending, raws):
+                    used[i] = attempt + 1
+                    query, reason = clean_query(raw, prompts[i], min_words=min_words, max_words=max_words)
+                    if query is not None and shared_content_words(query, chunk[i]["d_pos"]) < min_shared_words:
+                        query, reason = None, "off_passage"
+                    if query is None:
+                        reasons[i].append(reason)
+                        stats.rejected[reason] += 1
+                        still.append(i)
+                    else:
+                        queries[i] = query
+                pending = still
+            for i, row in enumerate(chunk):
+                if row["id"] in done:
+                    stats.skipped_done += 1
+                    continue
+                title = (row.get("pos_meta") or {}).get("title") or row["q_new"]
+                trace = {"status": "rewritten", **settings, "attempts": used[i], "rejected": reasons[i],
+                         "examples": [example_ids[j] for j in examples[i]], "generator": describe}
+                if queries[i] is not None:
+                    out.append({**row, "q_new": queries[i], "q_title": title, "query_form": "t0", "t0_rewrite": trace})
+                    stats.rewritten += 1
+                elif on_failure == "keep_title":
+                    trace["status"] = "kept_title"
+                    out.append({**row, "q_title": title, "query_form": row.get("query_form", DEFAULT_QUERY_FORM),
+                                "t0_rewrite": trace})
+                    stats.kept_title += 1
+                else:
+                    trace["status"] = "dropped"
+                    stats.dropped += 1
+                status_log.append({"id": row["id"], "t0_rewrite": {key: trace[key] for key in
+                                                                   ("status", *settings, "attempts", "rejected")}})
+    order = {row["id"]: i for i, row in enumerate(rows)}
+    current = read_jsonl(out_jsonl)
+    ranked = sorted(current, key=lambda rec: order.get(rec["id"], len(order)))
+    if ranked != current:  # only when the input changed between runs: keep the output in input order
+        write_jsonl(out_jsonl, ranked)
+    return stats

@@ -2,6 +2,9 @@
 
 The three scripts differ only in the source they build; flags follow the original README
 (``--concept_txt --key_file --out_jsonl --target_k --resume``) plus the query-verification ones.
+Exit status: 0; 1 when this run processed items and every one failed or was refused (the driver stops instead
+of going on with nothing new; the failed ones are retried by ``--resume``); 2 on a fatal source error (bad key,
+quota) or a user error.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ import logging
 import os
 import sys
 
-from .expansion import (concept_groups_to_tuples, count_valid, read_concepts, run_concept_mode, run_verification,
-                        status_path_for)
+from .cli import fail
+from .expansion import (DEFAULT_QUERY_FORM, QUERY_FORMS, concept_groups_to_tuples, count_valid, read_concepts,
+                        run_concept_mode, run_verification, status_path_for)
 from .runtime import setup_logging
 from .sources import make_cache, make_source
 from .sources.http import SourceError, load_keys
@@ -66,6 +70,11 @@ def build_parser(source: str) -> argparse.ArgumentParser:
     p.add_argument("--require_concept", action="store_true",
                    help="stricter than the paper: the positive must mention one of the query's concepts "
                         "(the top such hit with an abstract); else the query is discarded as off_concept")
+    p.add_argument("--query_form", choices=QUERY_FORMS, default=DEFAULT_QUERY_FORM,
+                   help="what q_new is (query mode): title = the verified top hit's title (the paper, whose T0 is "
+                        "title -> abstract); generated = the generator's own query (top hit = positive), for a T0 "
+                        "of claims or questions. T0-style rewriting is expansion/06c_t0_style_queries.py "
+                        "(default: %(default)s)")
     p.add_argument("--tuples_jsonl", default=None,
                    help="--mode concept: also convert the groups into expansion tuples here (each paper with an "
                         "abstract = q_new/d+, the rest of its group = negative candidates)")
@@ -147,6 +156,9 @@ def verification_main(source: str, argv: list[str] | None = None) -> int:
         if args.mode == "concept":
             if not args.concept_txt:
                 raise SystemExit("--mode concept needs --concept_txt")
+            if args.query_form != DEFAULT_QUERY_FORM:
+                raise SystemExit(f"--query_form {args.query_form} applies to --mode query (concept mode has no "
+                                 "generated query)")
             stats = run_concept_mode(src, read_concepts(args.concept_txt), args.out_jsonl, target_k=args.target_k,
                                      status_path=status_path, resume=args.resume, workers=workers,
                                      item_sleep=args.per_item_sleep, progress=not args.no_progress)
@@ -161,7 +173,8 @@ def verification_main(source: str, argv: list[str] | None = None) -> int:
                                      target_valid=args.target_valid, workers=workers, max_items=args.max_items,
                                      item_sleep=args.per_item_sleep,
                                      allow_duplicate_positives=args.allow_duplicate_positives,
-                                     require_concept=args.require_concept, progress=not args.no_progress)
+                                     require_concept=args.require_concept, query_form=args.query_form,
+                                     progress=not args.no_progress)
     except SourceError as exc:  # fatal: bad key / quota; the message names the service, never the key
         logger.error("%s", exc)
         print(json.dumps({"source": source, "mode": args.mode, "out_jsonl": args.out_jsonl, "error": str(exc),
@@ -170,4 +183,8 @@ def verification_main(source: str, argv: list[str] | None = None) -> int:
     summary = {"source": source, "mode": args.mode, "out_jsonl": args.out_jsonl, **stats.as_dict()}
     _print_table(summary)
     print(json.dumps(summary))
+    all_failed = stats.all_failed()
+    if all_failed:  # the driver must stop here, not go on as if the source had answered
+        sys.stdout.flush()
+        fail(all_failed, code=1)
     return 0

@@ -12,7 +12,8 @@ repetition_penalty) -> list[str]`` (``n`` completions per prompt, grouped by pro
   Ollama), through the same HTTP core as the literature sources (retries, timeouts, key never logged).
 
 A prompt is a string (sent as one user message when a chat template is used) or a list of chat messages.
-The CausalNeg negatives step reuses these backends.
+The CausalNeg negatives step and the T0-style rewrite (QUERY_FORM=t0, :func:`build_t0_style_prompt`) reuse
+these backends.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Sequence, Union
 
 from .sources.http import ApiClient, KeyPool, load_keys
 from .text import content_words
@@ -101,6 +102,55 @@ def build_prompt(concepts: list[str], attributes: dict[str, dict] | None = None,
     raise ValueError(f"unknown prompt template {template!r}; expected one of {sorted(PROMPT_IDS)}")
 
 
+# The T0-style rewrite (issue 16, QUERY_FORM=t0): the verified abstract gets a query in the form of the seed set's
+# own queries (a claim for SciFact, a question for QA sets, a title for the paper's title -> abstract T0), shown
+# through k (query, passage) examples of T0. Our own wording.
+T0_STYLE_PROMPT_ID = "repair-t0-style-v1"
+T0_STYLES = {
+    "claim": "a claim (one declarative sentence) that the passage supports",
+    "question": "a question that the passage answers",
+    "title": "a title the passage could have, like a paper title",
+    "keywords": "a short keyword query the passage is relevant to",
+}
+
+
+def query_style(query: str) -> str:
+    """The form of one query: ``question`` (ends with ?), ``keywords`` (<= 4 words, no final punctuation),
+    ``claim`` (ends with . or !), else ``title``."""
+    text = query.strip()
+    if text.endswith("?"):
+        return "question"
+    if text.endswith((".", "!")):
+        return "claim"
+    return "keywords" if len(re.findall(r"\w+", text)) <= 4 else "title"
+
+
+def t0_query_style(queries: Sequence[str]) -> str:
+    """The most common :func:`query_style` of a seed set's queries (ties: the order of :data:`T0_STYLES`), what
+    the rewrite prompt asks for when ``--style auto``."""
+    if not queries:
+        raise ValueError("no query to infer the seed set's query style from")
+    counts = Counter(query_style(q) for q in queries)
+    return max(T0_STYLES, key=lambda style: (counts[style], -list(T0_STYLES).index(style)))
+
+
+def build_t0_style_prompt(examples: Sequence[tuple[str, str]], passage: str, style: str,
+                          max_passage_chars: int = 1000) -> str:
+    """The T0-style rewrite prompt: ``examples`` (query, passage) pairs of T0, then ``passage`` (the verified
+    abstract) and an open ``Query:``; passages are clipped to ``max_passage_chars`` (small-context generators)."""
+    from .negatives import _clip
+
+    if style not in T0_STYLES:
+        raise ValueError(f"unknown query style {style!r}; expected one of {sorted(T0_STYLES)}")
+    lines = ["Below are queries from a retrieval training set, each after the passage it retrieves. Write one new "
+             f"query for the last passage in the same style: {T0_STYLES[style]}. Match the examples' form and "
+             "length, and do not copy a sentence of the passage. Write only the query, on one line.", ""]
+    for query, example in examples:
+        lines += [f"Passage: {_clip(example, max_passage_chars)}", f"Query: {' '.join(query.split())}", ""]
+    lines += [f"Passage: {_clip(passage, max_passage_chars)}", "Query:"]
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------------- cleaning
 _PREAMBLE = re.compile(r"^(sure|here|certainly|okay|ok|of course|absolutely|great)\b", re.I)
 _LABEL = re.compile(r"^(?:(?:research|generated|new|final)\s+)?(?:query|question|title)\s*\d*\s*[:\-–]\s*", re.I)
@@ -110,12 +160,13 @@ def _norm(text: str) -> str:
     return " ".join(re.findall(r"\w+", text.lower()))
 
 
-def clean_query(raw: str, prompt: str = "", min_words: int = 4) -> tuple[str | None, str]:
+def clean_query(raw: str, prompt: str = "", min_words: int = 4,
+                max_words: int | None = None) -> tuple[str | None, str]:
     """Turn a raw completion into one query, or reject it: returns (query, "ok") or (None, reason).
 
     Reasons: ``empty``, ``echo`` (the model repeated the prompt), ``too_short`` (< ``min_words`` words),
-    ``vague`` (< 3 distinct content words), ``not_text``, ``repetitive`` (degenerate loops). Like the
-    original, the text after the last ``Query:`` is taken when present.
+    ``too_long`` (> ``max_words`` words, when given), ``vague`` (< 3 distinct content words), ``not_text``,
+    ``repetitive`` (degenerate loops). Like the original, the text after the last ``Query:`` is taken when present.
     """
     text = (raw or "").replace("\r", "\n").strip()
     match = list(re.finditer(r"query\s*:", text, re.I))
@@ -146,6 +197,8 @@ def clean_query(raw: str, prompt: str = "", min_words: int = 4) -> tuple[str | N
         return None, "echo"
     if len(words) < min_words:
         return None, "too_short"
+    if max_words is not None and len(words) > max_words:
+        return None, "too_long"
     letters = sum(ch.isalpha() for ch in line)
     if letters < 0.5 * len(line.replace(" ", "")):
         return None, "not_text"
@@ -155,6 +208,16 @@ def clean_query(raw: str, prompt: str = "", min_words: int = 4) -> tuple[str | N
     if len({w.lower() for w in content_words(line)}) < 3:  # "What can we do with this?"
         return None, "vague"
     return line, "ok"
+
+
+def shared_content_words(text: str, reference: str) -> int:
+    """Distinct content words of ``text`` that ``reference`` also holds (case-insensitive; a word of 6+ letters
+    also matches on its first 6, so "microRNAs" meets "microRNA"): a query written *for* a passage shares its
+    terms, one that drifted off topic does not."""
+    ref = {w.lower() for w in content_words(reference)}
+    stems = {w[:6] for w in ref if len(w) >= 6}
+    words = {w.lower() for w in content_words(text)}
+    return sum(1 for w in words if w in ref or (len(w) >= 6 and w[:6] in stems))
 
 
 # ---------------------------------------------------------------------------------------------- HF backend
@@ -373,6 +436,22 @@ def add_generator_args(parser, default_model_help: str = "smollm2-135m, the retr
                    help="openai: do not send repetition_penalty (the official API rejects it; vLLM accepts it)")
     g.add_argument("--openai_extra", default=None, help="openai: JSON object merged into every request body")
     g.add_argument("--concurrency", type=int, default=4, help="openai: parallel requests (default: %(default)s)")
+
+
+def add_sampling_args(parser, max_new_tokens: int = DEFAULT_SAMPLING["max_new_tokens"]) -> None:
+    """``--temperature --top_p --repetition_penalty --max_new_tokens`` (defaults of the original 05)."""
+    s = parser.add_argument_group("sampling (defaults of the original 05)")
+    s.add_argument("--temperature", type=float, default=DEFAULT_SAMPLING["temperature"], help="(default: %(default)s)")
+    s.add_argument("--top_p", type=float, default=DEFAULT_SAMPLING["top_p"], help="(default: %(default)s)")
+    s.add_argument("--repetition_penalty", type=float, default=DEFAULT_SAMPLING["repetition_penalty"],
+                   help="(default: %(default)s)")
+    s.add_argument("--max_new_tokens", type=int, default=max_new_tokens, help="(default: %(default)s)")
+
+
+def sampling_from_args(args) -> dict:
+    """The sampling keyword arguments of ``generate`` that :func:`add_sampling_args` flags describe."""
+    return {"temperature": args.temperature, "top_p": args.top_p, "repetition_penalty": args.repetition_penalty,
+            "max_new_tokens": args.max_new_tokens}
 
 
 def generator_from_args(args, default_batch_size: int = 8) -> HFGenerator | OpenAIGenerator:
