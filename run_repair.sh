@@ -157,7 +157,10 @@ for ((k = 1; k <= ITERS; k++)); do
   fi
   GEN="$EXP/generated.bottom_${PP}pct.jsonl"
   EXPJ="$EXP/expansion.bottom_${PP}pct.jsonl"
-  if [[ ! -f "$STATE/iter$k.expansion.done" || "$FORCE" == 1 ]]; then
+  QF_FLAG=(); [[ "$QUERY_FORM" == generated ]] && QF_FLAG=(--query_form generated)
+  if [[ "$EXPANSION" == 0 ]]; then
+    say "skip  iter$k.expansion (EXPANSION=0)"
+  elif [[ ! -f "$STATE/iter$k.expansion.done" || "$FORCE" == 1 ]]; then
     if [[ "$FORCE" == 1 && -f "$STATE/iter$k.expansion.done" ]]; then rm -f "$GEN"* "$EXPJ"*; fi
     for ((r = 1; r <= MAX_ROUNDS; r++)); do
       GEN_RESUME=(); [[ -f "$GEN" ]] && GEN_RESUME=(--resume)
@@ -171,7 +174,7 @@ for ((k = 1; k <= ITERS; k++)); do
         elsevier) SRC=("$PYTHON" "$HERE/expansion/06_elsevier.py"); [[ -n "$ELSEVIER_KEY_FILE" ]] && SRC+=(--key_file "$ELSEVIER_KEY_FILE") ;;
       esac
       step "iter$k.06_verify.r$r" "" "${SRC[@]}" --generated_jsonl "$GEN" --out_jsonl "$EXPJ" --target_k "$TARGET_K" \
-        --target_valid "$TARGET_VALID" "${VER_RESUME[@]}"
+        --target_valid "$TARGET_VALID" "${VER_RESUME[@]}" "${QF_FLAG[@]}"
       VALID=$("$PYTHON" "$HERE/expansion/06_local_corpus.py" --out_jsonl "$EXPJ" --count_only | "$PYTHON" -c "import json,sys; print(json.load(sys.stdin)['valid'])")
       say "expansion round $r: $VALID / $TARGET_VALID valid tuples"
       [[ "$VALID" -ge "$TARGET_VALID" ]] && break
@@ -185,12 +188,31 @@ for ((k = 1; k <= ITERS; k++)); do
     say "skip  iter$k.expansion (done: $(cat "$STATE/iter$k.expansion.done") valid tuples)"
   fi
 
-  # ---- Stage III: Differentiation
-  step "iter$k.07_embed" "$DIF/embeddings" "$PYTHON" "$HERE/differentiation/07_embed_candidates.py" --input_jsonl "$EXPJ" \
+  if [[ "$QUERY_FORM" == t0 && "$EXPANSION" == 1 ]]; then  # issue 16: q_new rewritten in T0's query style
+    EXPT0="$EXP/expansion.t0.bottom_${PP}pct.jsonl"
+    if [[ "$FORCE" == 1 ]]; then rm -f "$EXPT0"*; fi
+    T0_RESUME=(); [[ -f "$EXPT0" ]] && T0_RESUME=(--resume)
+    step "iter$k.06c_t0_style" "" "$PYTHON" "$HERE/expansion/06c_t0_style_queries.py" --input_jsonl "$EXPJ" \
+      --train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT" --out_jsonl "$EXPT0" --seed "$SEED" \
+      "${GEN_BACKEND[@]}" "${T0_RESUME[@]}" "${DEVICE_FLAG[@]}"
+    EXPJ="$EXPT0"
+  fi
+
+  # ---- Stage III: Differentiation (input: the verified tuples and, with CONFUSED_TUPLES=1, Q_conf's own queries)
+  S3_IN=(); [[ "$EXPANSION" == 1 ]] && S3_IN=("$EXPJ")
+  if [[ "$CONFUSED_TUPLES" == 1 ]]; then
+    CONFJ="$DIF/confused_tuples.bottom_${PP}pct.jsonl"
+    step "iter$k.06b_confused" "" "$PYTHON" "$HERE/differentiation/06b_confused_tuples.py" --dia_out_dir "$DIA" \
+      --pct "$PCT" --train_pt "$TRAIN_DATA" --split "$TRAIN_SPLIT" --top_neg_n "$TARGET_K" --output_jsonl "$CONFJ"
+    S3_IN+=("$CONFJ")
+  fi
+  FN_FLAGS=(); [[ -n "$FN_PCT" ]] && FN_FLAGS+=(--fn_pct "$FN_PCT"); [[ -n "$FN_MARGIN" ]] && FN_FLAGS+=(--fn_margin "$FN_MARGIN")
+  step "iter$k.07_embed" "$DIF/embeddings" "$PYTHON" "$HERE/differentiation/07_embed_candidates.py" --input_jsonl "${S3_IN[@]}" \
     --output_dir "$DIF/embeddings" --num_gpus "$NPROC" --model "$CUR_MODEL" "${AFLAG[@]}" --max_length "$MAX_LENGTH" \
     --batch_size "$BATCH_SIZE" --cache_dir "$EMB_CACHE" "${DEVICE_FLAG[@]}"
-  step "iter$k.08_hardneg" "" "$PYTHON" "$HERE/differentiation/08_hard_negative_selection.py" --input_jsonl "$EXPJ" \
-    --embedding_dir "$DIF/embeddings" --output_jsonl "$DIF/hard_negatives.bottom_${PP}pct.jsonl" --top_k "$TOP_K"
+  step "iter$k.08_hardneg" "" "$PYTHON" "$HERE/differentiation/08_hard_negative_selection.py" --input_jsonl "${S3_IN[@]}" \
+    --embedding_dir "$DIF/embeddings" --output_jsonl "$DIF/hard_negatives.bottom_${PP}pct.jsonl" --top_k "$TOP_K" \
+    "${FN_FLAGS[@]}"
   FINAL="$DIF/final_train_data.bottom_${PP}pct.jsonl"
   step "iter$k.09_consistency" "" "$PYTHON" "$HERE/differentiation/09_consistency_filter.py" \
     --input_jsonl "$DIF/hard_negatives.bottom_${PP}pct.jsonl" --embedding_dir "$DIF/embeddings" --output_jsonl "$FINAL" \

@@ -104,11 +104,26 @@ SETTINGS: tuple[Setting, ...] = (
     _s("GEN_ROUND", "Expansion (Stage II)", "", "queries generated per 05 -> 06 round", "int", 1,
        shown_default="max(16, |T0|)"),
     _s("MAX_ROUNDS", "Expansion (Stage II)", "6", "round limit of the 05 -> 06 loop", "int", 1),
+    _s("QUERY_FORM", "Expansion (Stage II)", "title",
+       "what q_new is: title = the verified top hit's title (the paper); generated = the generator's own query; "
+       "t0 = rewritten in T0's query style (expansion/06c_t0_style_queries.py)", "choice",
+       choices=("title", "generated", "t0")),
+    _s("EXPANSION", "Expansion (Stage II)", "1", "0 = skip Stage II (needs CONFUSED_TUPLES=1: Stage III then sees "
+       "only the diagnosed T0 queries)", "flag"),
     _s("TOP_K", "Differentiation (Stage III)", "15", "hard negatives kept per tuple (Eq. 7)", "int", 1),
     _s("CONSISTENCY_K", "Differentiation (Stage III)", "5", "keep a tuple if rank(d+) <= kappa in its pool (Eq. 6)",
        "int", 1),
     _s("POOL", "Differentiation (Stage III)", "local", "local (README) | global (original code)", "choice",
        choices=("local", "global")),
+    _s("CONFUSED_TUPLES", "Differentiation (Stage III)", "0",
+       "1 = Q_conf's own T0 queries also go through Stage III, their D-(q) (first TARGET_K non-positive hits) as "
+       "candidates (differentiation/06b_confused_tuples.py)", "flag"),
+    _s("FN_PCT", "Differentiation (Stage III)", "",
+       "08's false-negative guard: drop candidates scoring above pos_score x FN_PCT, e.g. 0.95", "float", 0, 1,
+       low_open=True, shown_default="off"),
+    _s("FN_MARGIN", "Differentiation (Stage III)", "",
+       "08's false-negative guard: drop candidates scoring above pos_score - FN_MARGIN", "float",
+       shown_default="off"),
     _s("NEGATIVES", "Differentiation (Stage III)", "repair",
        "repair | causalneg (adds CoT counterfactual negatives + QEM)", "choice", choices=("repair", "causalneg")),
     _s("CN_K", "Differentiation (Stage III)", "3", "generated counterfactual negatives per query (causalneg)",
@@ -368,6 +383,8 @@ def validate(resolved: Resolved, environ: Mapping[str, str]) -> list[str]:
     if "TOP_K" in numbers and "CONSISTENCY_K" in numbers and numbers["TOP_K"] < numbers["CONSISTENCY_K"]:
         bad("TOP_K", f"TOP_K ({v['TOP_K']}) must be >= CONSISTENCY_K ({v['CONSISTENCY_K']}): 09 decides "
                      f"rank(d+) <= kappa from 08's top-k list")
+    if v["EXPANSION"] == "0" and v["CONFUSED_TUPLES"] != "1":
+        bad("EXPANSION", "EXPANSION=0 needs CONFUSED_TUPLES=1: without Stage II's tuples Stage III has no input")
     return problems
 
 

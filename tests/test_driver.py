@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from repair.negatives import PERTURBATIONS
+from repair.causalneg.prompts import PERTURBATIONS
 from tests.helpers_sources import FakeServer, openai_route
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -379,3 +379,37 @@ def test_report_tables_render_and_a_rewrite_never_loses_numbers(tmp_path):
     assert path.read_text() == text
     write_report(run, 30, overwrite=True)  # the driver passes --force only with FORCE=1
     assert "| 1 | – | – |" in path.read_text()
+
+
+def test_driver_issue16_levers_reach_their_steps(tiny_model_dir, tmp_path, server):
+    """QUERY_FORM=generated, CONFUSED_TUPLES=1, FN_PCT and EXPANSION=0 (issue 16's opt-in levers) each change the
+    command of the step they belong to, and their outputs reach training."""
+    data = make_corpus(tmp_path / "matsci")
+    env = driver_env(tmp_path, tiny_model_dir, data, server.url, "run_levers")
+    env.update({"ITERS": "1", "EVAL_DATA": "", "QUERY_FORM": "generated", "CONFUSED_TUPLES": "1", "FN_PCT": "0.99"})
+    proc = run_driver(env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run, logs = tmp_path / "run_levers", tmp_path / "run_levers" / "logs"
+    dif, exp = run / "iter1" / "differentiation", run / "iter1" / "expansion"
+    assert "--query_form generated" in (logs / "iter1.06_verify.r1.cmd").read_text()
+    verified = [json.loads(x) for x in (exp / "expansion.bottom_30pct.jsonl").open()]
+    assert verified and all(r["q_new"] == r["q_model"] for r in verified)
+    confused = [json.loads(x) for x in (dif / "confused_tuples.bottom_30pct.jsonl").open()]
+    t0_queries = {json.loads(x)["text"] for x in (data / "queries.jsonl").open()}
+    assert confused and {r["q_new"] for r in confused} <= t0_queries
+    embed_cmd = (logs / "iter1.07_embed.cmd").read_text()
+    assert str(exp / "expansion.bottom_30pct.jsonl") in embed_cmd and str(dif / "confused_tuples.bottom_30pct.jsonl") in embed_cmd
+    assert "--fn_pct 0.99" in (logs / "iter1.08_hardneg.cmd").read_text()
+    final = [json.loads(x) for x in (dif / "final_train_data.bottom_30pct.jsonl").open()]
+    assert {r["query"] for r in final} & {r["q_new"] for r in confused}  # confused claims are trained on
+    # EXPANSION=0 alone is refused before any work; with CONFUSED_TUPLES=1 Stage II is skipped
+    refused = run_driver({**env, "CONFUSED_TUPLES": "0", "EXPANSION": "0", "OUT_DIR": str(tmp_path / "r0")}, timeout=60)
+    assert refused.returncode == 2 and "EXPANSION=0 needs CONFUSED_TUPLES=1" in refused.stderr
+    only = {**env, "EXPANSION": "0", "OUT_DIR": str(tmp_path / "run_conf_only")}
+    proc = run_driver(only, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    only_dir = tmp_path / "run_conf_only" / "iter1"
+    assert not (only_dir / "expansion" / "expansion.bottom_30pct.jsonl").exists()
+    assert "expansion.bottom" not in (tmp_path / "run_conf_only" / "logs" / "iter1.07_embed.cmd").read_text()
+    rows = [json.loads(x) for x in (only_dir / "differentiation" / "final_train_data.bottom_30pct.jsonl").open()]
+    assert rows and {r["query"] for r in rows} <= t0_queries
