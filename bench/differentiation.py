@@ -7,10 +7,11 @@ candidates). Both sides get the *same vectors precomputed* and run no forward pa
   ours: the vectors are put in the Retriever's embedding cache (MiniLM fingerprint); 07 then loads the
         tuples, finds every text in the cache and writes the embedding dir; 08 ranks each tuple's candidates;
         09 applies the consistency filter with the README's local pool, and again with the original's
-        global pool (every document, exact top-k search) at top_k 1;
+        global pool (every document, exact top-k search) at top_k 5 = kappa (the least top_k kappa 5
+        allows; the search depth max(top_k, kappa) + 1 is the same as at top_k 1) and compares its d-;
   peer: the vectors are written as mine_hard_negatives' own cache files (cache_folder), and it mines the
         top-1 negative of every query over the same corpus (all positives + candidates), excluding the
-        positive: the same selection as our global pool at top_k 1. Its model's encode is replaced by a
+        positive: the same selection as our global pool's d- (its top-1). Its model's encode is replaced by a
         function that raises, proving no encoding happens.
 Rates are candidates/s = tuples x candidates / wall seconds of the stage.
 
@@ -33,10 +34,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repair.data import write_json, write_jsonl  # noqa: E402
-from repair.differentiation import (EmbedConfig, EmbeddingDir, consistency_filter, embed_candidates,  # noqa: E402
-                                    load_tuples, select_hard_negatives)
+from repair.embedding_dir import EmbedConfig, EmbeddingDir, embed_candidates  # noqa: E402
+from repair.hard_negatives import consistency_filter, select_hard_negatives  # noqa: E402
 from repair.encoding import Retriever, text_key  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
+from repair.tuples import load_tuples  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -119,7 +121,7 @@ def run_ours(work: Path, args, data) -> dict:
     stats9, t9 = timed(lambda: step9("local", 15, work / "hn.jsonl"))
     result = {}
     if not args.skip_global:
-        stats9g, t9g = timed(lambda: step9("global", 1, expansion))
+        stats9g, t9g = timed(lambda: step9("global", 5, expansion))  # top_k >= kappa 5; d- is still the top-1
         result = {"09_global_top1_s": round(t9g, 2), "09_global_top1_candidates_per_s": round(n_cand / t9g),
                   "kept_global": stats9g["kept"],
                   "global_top1": {r["id"]: r["d_neg"] for r in _read(work / "final.global.jsonl")}}

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repair.cli import add_retriever_args, fail, load_retriever  # noqa: E402
 from repair.data import DataError  # noqa: E402
-from repair.negative_diagnostics import (diagnose, dump, embed_set, markdown_table, plot_clusters,  # noqa: E402
-                                         plot_dynamics, plot_similarities, probe_run, read_negative_sets,
-                                         read_train_log, weight_dynamics)
+from repair.causalneg.diagnostics import (diagnose, dump, embed_set, markdown_table, plot_clusters,  # noqa: E402
+                                          plot_similarities, read_negative_sets)
+from repair.causalneg.dynamics import plot_dynamics, probe_run, read_train_log, weight_dynamics  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
 
 

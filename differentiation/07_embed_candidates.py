@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repair.cli import run_script  # noqa: E402
-from repair.differentiation import EmbedConfig, launch_embedding  # noqa: E402
+from repair.embedding_dir import EmbedConfig, launch_embedding  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
 
 

@@ -22,8 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repair.cli import run_script  # noqa: E402
 from repair.data import write_json, write_jsonl  # noqa: E402
-from repair.differentiation import EmbeddingDir, format_table, load_tuples, select_hard_negatives  # noqa: E402
+from repair.embedding_dir import EmbeddingDir  # noqa: E402
+from repair.hard_negatives import format_table, select_hard_negatives  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
+from repair.tuples import load_tuples  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -23,8 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repair.cli import run_script  # noqa: E402
 from repair.data import write_json, write_jsonl  # noqa: E402
-from repair.differentiation import EmbeddingDir, consistency_filter, format_table, load_tuples  # noqa: E402
+from repair.embedding_dir import EmbeddingDir  # noqa: E402
+from repair.hard_negatives import check_kappa, consistency_filter, format_table  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
+from repair.tuples import load_tuples  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -70,6 +72,7 @@ def output_path(output: str, pct: int | None, inputs: list[str]) -> Path:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     setup_logging(args.log_level)
+    check_kappa(args.top_k, args.consistency_k)  # a bad pair of flags fails before any input is read
     out = output_path(args.output_jsonl, args.pct, args.input_jsonl)
     tuples = load_tuples(args.input_jsonl)  # malformed or empty input fails before anything else
     emb = EmbeddingDir.open(args.embedding_dir)

@@ -34,8 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repair.cli import fail, run_script  # noqa: E402
 from repair.generation import add_generator_args, generator_from_args  # noqa: E402
-from repair.negatives import (CONFIGS, METHODS, MINED_FROM, POSITIONS, CorpusNegatives,  # noqa: E402
-                              GenerationSettings, load_items, run_negatives)
+from repair.causalneg.generate import POSITIONS, GenerationSettings  # noqa: E402
+from repair.causalneg.inputs import CorpusNegatives, load_items  # noqa: E402
+from repair.causalneg.pipeline import CONFIGS, METHODS, MINED_FROM, run_negatives  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
 
 S = GenerationSettings.__dataclass_fields__

@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from repair.benchmarks import check_dataset, parse_dataset_spec  # noqa: E402
 from repair.cli import add_retriever_args, fail, load_retriever, model_fields, run_script  # noqa: E402
 from repair.data import write_json  # noqa: E402
-from repair.evaluation import (STS_FORMATS, check_dataset, evaluate_dataset, parse_dataset_spec,  # noqa: E402
-                               results_table, scale_metrics)
+from repair.evaluation import STS_FORMATS, evaluate_dataset, results_table, scale_metrics  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
 
 logger = logging.getLogger("eval_suite")

@@ -20,7 +20,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from . import diagnosis as dg
-from .concepts import negatives_of
+from .ccs import negatives_of
 from .data import DataError, load_seed
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from . import diagnosis as dg
-from .concepts import compute_ccs, merge_cconf, referenced_docs
+from .ccs import compute_ccs, merge_cconf, referenced_docs
 from .data import DataError, load_seed, read_json, read_jsonl, write_json, write_jsonl, write_lines
 from .finch import finch
 

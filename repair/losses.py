@@ -18,8 +18,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-SOURCES = ("mined", "generated")
-
 
 @dataclass
 class BatchTargets:

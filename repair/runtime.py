@@ -1,12 +1,14 @@
-"""Process-level helpers: logging, seeding, device and dtype choice, cache locations."""
+"""Process-level helpers: logging, seeding, device and dtype choice, cache locations, the torch.distributed group."""
 
 from __future__ import annotations
 
 import logging
 import os
 import random
+import socket
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:  # torch is imported where it is used: scripts that never touch a model (the API
     import torch  # stages, 06) start in a fraction of a second instead of paying torch's import time
@@ -81,6 +83,39 @@ def dist_info() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
+
+
+@contextmanager
+def process_group(device: str | None = None) -> Iterator[bool]:
+    """Inside the block this process is in the torch.distributed group its environment describes (torchrun, or
+    the workers step 7 spawns); yields whether it joined here.
+
+    Joins only when WORLD_SIZE > 1 and no group is initialised yet, and then leaves the group on exit; a group
+    someone else started is left alone. Backend: NCCL when CUDA is available and ``device`` is unset or a CUDA
+    device (this rank's GPU, LOCAL_RANK, is selected first), else gloo (CPU workers, tests). One rule for step 7
+    and the trainer, so both pick the same backend for the same flags.
+    """
+    import torch
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    joined = world > 1 and not torch.distributed.is_initialized()
+    if joined:
+        use_nccl = torch.cuda.is_available() and (not device or str(device).startswith("cuda"))
+        if use_nccl:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.distributed.init_process_group(backend="nccl" if use_nccl else "gloo")
+    try:
+        yield joined
+    finally:
+        if joined:
+            torch.distributed.destroy_process_group()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on now (for MASTER_PORT of spawned workers, or a local server)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def quiet_transformers() -> None:

@@ -23,8 +23,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .causalneg import NEGATIVE_SOURCES as SOURCES
 from .data import DataError, iter_jsonl, load_seed
-from .losses import SOURCES, BatchTargets
+from .losses import BatchTargets
 
 logger = logging.getLogger(__name__)
 

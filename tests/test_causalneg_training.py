@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from repair.data import read_jsonl, write_jsonl
-from repair.negative_diagnostics import probe_run, read_train_log, weight_dynamics
-from repair.negatives import CONFIGS, CorpusNegatives, GenerationSettings, load_items, run_negatives
+from repair.causalneg.dynamics import probe_run, read_train_log, weight_dynamics
+from repair.causalneg.generate import GenerationSettings
+from repair.causalneg.inputs import CorpusNegatives, load_items
+from repair.causalneg.pipeline import CONFIGS, run_negatives
 from repair.train import TrainConfig, train
 from tests.helpers_sources import FakeServer, openai_route
 from tests.test_negatives import _scripted_reply

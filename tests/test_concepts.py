@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from repair.concepts import (RegexExtractor, compute_ccs, extract_concepts, extract_typed, merge_cconf,
-                             negatives_of, referenced_docs)
+from repair.ccs import compute_ccs, merge_cconf, negatives_of, referenced_docs
+from repair.concepts import RegexExtractor, extract_concepts, extract_typed
 
 # ------------------------------------------------------------------------------------------ extractor
 EXPECTED = [

@@ -210,7 +210,7 @@ def test_appender_cuts_partial_line_from_killed_writer(tmp_path):
 
 def test_beir_slice_keeps_every_chosen_positive_and_is_seeded(tmp_path):
     """The study subsets and demo slices: answerable claims, T0 with one positive, same seed -> same folder."""
-    from repair.data import write_beir_slice
+    from repair.beir_slice import write_beir_slice
 
     src = tmp_path / "src"
     (src / "qrels").mkdir(parents=True)

@@ -1,5 +1,7 @@
 """Stage III (07-09): ranking, false-negative guard, consistency filter, pools, duplicates, cache, scripts.
 
+Modules: repair.tuples (loading), repair.embedding_dir (step 7), repair.hard_negatives (steps 8 and 9).
+
 Expected values are worked out by hand on a constructed fixture (every score is chosen, see ``HAND``) or by
 an independent brute-force loop in this file.
 """
@@ -16,9 +18,11 @@ import numpy as np
 import pytest
 
 from repair.data import DataError, read_json, read_jsonl, write_jsonl
-from repair.differentiation import (EmbedConfig, EmbeddingDir, consistency_filter, consistency_keep,
-                                    embed_candidates, false_negative_keep, load_tuples, order_within_groups,
-                                    positive_rank, select_hard_negatives, write_embedding_dir, write_embedding_meta)
+from repair.embedding_dir import (EmbedConfig, EmbeddingDir, embed_candidates, text_sha1, write_embedding_dir,
+                                  write_embedding_meta)
+from repair.hard_negatives import (consistency_filter, consistency_keep, false_negative_keep, order_within_groups,
+                                   positive_rank, select_hard_negatives)
+from repair.tuples import load_tuples
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "expansion_tiny.jsonl"
@@ -202,6 +206,29 @@ def test_step9_global_pool_rank_beyond_search_depth_is_dropped(hand):
     assert names(by_id(records)["C"]["hard_negatives"]) == ["a1", "A+"]
 
 
+@pytest.mark.parametrize("pool", ["local", "global"])
+def test_step9_refuses_kappa_above_top_k(hand, pool):
+    """TOP_K >= kappa was checked only by the driver: the library ran kappa 5 with top_k 2 and wrote triplets."""
+    _, tuples, emb = hand
+    with pytest.raises(ValueError, match=r"--consistency_k 5 is above --top_k 2"):
+        consistency_filter(tuples, emb, top_k=2, consistency_k=5, pool=pool)
+    records, stats = consistency_filter(tuples, emb, top_k=5, consistency_k=5, pool=pool)  # equal is fine
+    assert stats["top_k"] == stats["consistency_k"] == 5 and records
+
+
+def test_step9_script_refuses_kappa_above_top_k_before_reading_input(hand, tmp_path):
+    """09's CLI: one 'error:' line naming both flags, exit 2, no output file (it used to exit 0 and write one)."""
+    path, _, emb = hand
+    out = tmp_path / "final.jsonl"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "09_consistency_filter.py"), "--input_jsonl", str(path),
+                           "--embedding_dir", str(emb.path), "--output_jsonl", str(out), "--top_k", "3",
+                           "--consistency_k", "5"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error: --consistency_k 5 is above --top_k 3") and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
 def test_step9_on_step8_output_matches_step9_on_expansion(hand, tmp_path):
     path, tuples, emb = hand
     records8, _ = select_hard_negatives(tuples, emb, top_k=15)
@@ -359,13 +386,13 @@ def test_input_without_tuples_is_an_error(tmp_path):
 def test_step8_empty_result_is_written_with_a_warning(hand, tmp_path, caplog):
     """Tuples whose candidates the false-negative guard removes all: a legitimate empty output, but said aloud."""
     path, tuples, emb = hand
-    with caplog.at_level("WARNING", logger="repair.differentiation"):
+    with caplog.at_level("WARNING", logger="repair.hard_negatives"):
         records, stats = select_hard_negatives(tuples, emb, fn_margin=1.0)
     assert records == [] and stats["written"] == 0 and stats["no_candidates_after_guard"] == 3
     assert any("no tuple has a negative candidate left" in r.getMessage() and "3 emptied" in r.getMessage()
                for r in caplog.records)
     caplog.clear()
-    with caplog.at_level("WARNING", logger="repair.differentiation"):
+    with caplog.at_level("WARNING", logger="repair.hard_negatives"):
         records, stats = consistency_filter(tuples, emb, consistency_k=1, top_k=1)
     assert stats["kept"] == 1 and not caplog.records  # something kept: nothing to warn about
 
@@ -453,8 +480,6 @@ def test_scripts_chained_with_two_gloo_processes(tiny_model_dir, tmp_path):
     assert f"09: processed 4, kept {len(rows)}" in proc.stdout
     vecs = EmbeddingDir.open(emb)
     q_index, d_index = vecs.query_index, vecs.document_index
-    from repair.differentiation import text_sha1
-
     for row in rows:
         assert row["d_neg"] == row["hard_negatives"][0] and row["pos_document"] not in row["hard_negatives"]
         assert 1 <= row["pos_rank"] <= 5 and len(row["hard_negatives"]) == len(row["hard_negative_scores"])

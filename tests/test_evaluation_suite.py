@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from repair.data import DataError, load_beir
-from repair.evaluation import (PROFILES, DataNotFound, DatasetSpec, check_dataset, evaluate_dataset,
-                               infer_task, load_sts_pairs, pair_cosines, parse_dataset_spec, results_table,
-                               scale_metrics)
+from repair.benchmarks import DataNotFound, DatasetSpec, check_dataset, infer_task, parse_dataset_spec
+from repair.evaluation import PROFILES, evaluate_dataset, load_sts_pairs, pair_cosines, results_table, scale_metrics
 from repair.instructions import instruction_for
 from repair.metrics import evaluate_run
 

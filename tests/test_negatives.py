@@ -1,10 +1,11 @@
-"""CausalNeg negatives (repair/negatives.py, differentiation/09b_counterfactual_negatives.py): prompt building, tolerant
+"""CausalNeg negatives (repair/causalneg/, differentiation/09b_counterfactual_negatives.py): prompt building, tolerant
 parsing of recorded generator outputs (malformed ones included), stage-2 planning, corpus baselines with positives
 excluded, the whole step against a real OpenAI-compatible HTTP server (retries, failures counted, traces, resume,
 reuse of generations) and against a tiny random local model that only writes garbage."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -15,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from repair.causalneg.generate import GenerationSettings, GenerationStats, generate_negatives, plan_perturbations
+from repair.causalneg.inputs import CorpusNegatives, item_key, load_items
+from repair.causalneg.parsing import clean_passage, parse_requirements
+from repair.causalneg.pipeline import CONFIGS, augmented_keys, run_negatives
+from repair.causalneg.prompts import PERTURBATIONS, build_decompose_prompt, build_vanilla_prompt, build_write_prompt
 from repair.data import DataError, load_beir, read_jsonl
-from repair.negatives import (CONFIGS, PERTURBATIONS, CorpusNegatives, GenerationSettings, GenerationStats,
-                              augmented_keys, build_decompose_prompt, build_vanilla_prompt, build_write_prompt,
-                              clean_passage, generate_negatives, item_key, load_items, parse_requirements,
-                              plan_perturbations, run_negatives)
 from tests.helpers_generation import build_tiny_causal
 from tests.helpers_sources import FakeServer, openai_route
 
@@ -444,3 +446,35 @@ def test_clean_passage_accepts_real_abstracts():
         reasons[doc["_id"]] = clean_passage(text, "")[1]
     ok = sum(r == "ok" for r in reasons.values())
     assert ok / len(reasons) >= 0.95 and set(reasons.values()) <= {"ok", "meta"}
+
+
+# ---------------------------------------------------------------------------------------------- the package
+def _loaded_by(module: str) -> set[str]:
+    """The repair modules (and torch) that importing ``module`` pulls in, in a fresh interpreter."""
+    probe = ("import importlib, sys; importlib.import_module(sys.argv[1]); "
+             "print(' '.join(m for m in sys.modules if m == 'torch' or m.startswith('repair.')))")
+    out = subprocess.run([sys.executable, "-c", probe, module], capture_output=True, text=True, cwd=ROOT, check=True)
+    return set(out.stdout.split())
+
+
+def test_causalneg_package_rooms_and_layering():
+    """repair/causalneg/ holds one idea per module (each with a docstring, under 500 lines) in place of the old
+    1,081-line repair/negatives.py; the step needs neither torch nor the trainer, only ``dynamics`` reaches the
+    trainer, and the trainer's data layer takes the source names from the package root alone (one definition)."""
+    import repair.losses
+    import repair.train_data
+    from repair.causalneg import GENERATED, MINED, NEGATIVE_SOURCES
+
+    modules = sorted((ROOT / "repair" / "causalneg").glob("*.py"))
+    assert [m.stem for m in modules] == ["__init__", "diagnostics", "dynamics", "generate", "inputs", "parsing",
+                                         "pipeline", "prompts"]
+    for path in modules:
+        text = path.read_text(encoding="utf-8")
+        assert len(text.splitlines()) < 500 and ast.get_docstring(ast.parse(text)), path
+    assert not any((ROOT / "repair" / old).exists() for old in ("negatives.py", "negative_diagnostics.py"))
+    step = _loaded_by("repair.causalneg.pipeline")
+    assert "torch" not in step and "repair.train" not in step and "repair.causalneg.diagnostics" not in step
+    assert "repair.train" not in _loaded_by("repair.causalneg.diagnostics")
+    assert {m for m in _loaded_by("repair.train_data") if m.startswith("repair.causalneg")} == {"repair.causalneg"}
+    assert (MINED, GENERATED) == NEGATIVE_SOURCES == ("mined", "generated")
+    assert repair.train_data.SOURCES is NEGATIVE_SOURCES and not hasattr(repair.losses, "SOURCES")

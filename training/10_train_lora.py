@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repair.cli import run_script  # noqa: E402
-from repair.runtime import setup_logging  # noqa: E402
+from repair.runtime import process_group, setup_logging  # noqa: E402
 from repair.train import TrainConfig, train  # noqa: E402
 
 D = TrainConfig.__dataclass_fields__
@@ -131,21 +131,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     setup_logging(args.log_level)
-    import torch
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    started = False
-    if world > 1 and not torch.distributed.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() and (args.device or "cuda").startswith("cuda") else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        torch.distributed.init_process_group(backend=backend)
-        started = True
-    try:
+    with process_group(args.device):  # torchrun: join the group (NCCL on GPUs, gloo on CPU), leave it after
         result = train(config_from_args(args))
-    finally:
-        if started:
-            torch.distributed.destroy_process_group()
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(result), flush=True)
     return result

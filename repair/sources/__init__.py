@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 
 from .base import LiteratureSource, Paper, dedup_papers
-from .http import (ApiClient, AuthError, KeyPool, QuotaExceeded, RateLimiter, ResponseCache, SourceError,
-                   load_keys, scrub)
+from .cache import ResponseCache
+from .http import ApiClient, AuthError, KeyPool, QuotaExceeded, RateLimiter, SourceError, load_keys, scrub
 
 SOURCE_NAMES = ("local_corpus", "semantic_scholar", "elsevier")
 

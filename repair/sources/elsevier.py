@@ -19,7 +19,8 @@ import os
 
 from ..text import content_words
 from .base import Paper, as_int, dedup_papers
-from .http import ApiClient, AuthError, KeyPool, ResponseCache, SourceError, check_key, load_keys
+from .cache import ResponseCache
+from .http import ApiClient, AuthError, KeyPool, SourceError, check_key, load_keys
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ no backoff, no per-key rate limit and no rotation. Here every client goes throug
   PubChem: <= 5 req/s, Elsevier: per-API throttles); a key that gets 429 cools down, a rejected key (401/403)
   or an exhausted quota (Elsevier ``QUOTA_EXCEEDED``) is taken out of the pool;
 - retries with exponential backoff on 429/5xx/timeouts, honouring ``Retry-After``;
-- a :class:`ResponseCache` on disk keyed by method + URL + params + body (never the key), so a resumed or
-  repeated run never asks twice;
+- a :class:`~repair.sources.cache.ResponseCache` on disk keyed by method + URL + params + body (never the
+  key), so a resumed or repeated run never asks twice;
 - errors are :class:`SourceError` (service, status, message); a 4xx other than 429/401/403 is ``permanent``
   (the same request will fail again: 06 records the item as ``refused`` and does not retry it).
 
@@ -23,15 +23,12 @@ exception (a traceback would print the original text).
 from __future__ import annotations
 
 import email.utils
-import hashlib
-import json
 import logging
 import os
 import random
 import re
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -39,6 +36,7 @@ from typing import Any, Callable
 import requests
 
 from ..data import DataError
+from .cache import ResponseCache
 
 logger = logging.getLogger(__name__)
 
@@ -219,52 +217,6 @@ class KeyPool:
         with self._lock:
             self.active[index] = False
             return sum(self.active)
-
-
-# ---------------------------------------------------------------------------------------------- cache
-class ResponseCache:
-    """JSON responses on disk, one file per request, keyed by service + method + URL + params + body.
-
-    Keys are never part of the cache key (they travel in headers), so a run with a new key reuses the
-    cache. Files are written to a temp name and renamed, so a killed run never leaves a half entry.
-    """
-
-    def __init__(self, root: str | os.PathLike):
-        self.root = Path(root)
-
-    @staticmethod
-    def key(service: str, method: str, url: str, params: Any = None, body: Any = None) -> str:
-        canon = json.dumps([service, method.upper(), url, _canon(params), _canon(body)], sort_keys=True,
-                           ensure_ascii=False, default=str)
-        return hashlib.sha256(canon.encode("utf-8")).hexdigest()
-
-    def _path(self, service: str, key: str) -> Path:
-        return self.root / service / key[:2] / f"{key}.json"
-
-    def get(self, service: str, key: str) -> dict | None:
-        path = self._path(service, key)
-        if not path.exists():
-            return None
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            logger.warning("%s: unreadable cache entry, asking again", path)
-            return None
-
-    def put(self, service: str, key: str, entry: dict) -> None:
-        path = self._path(service, key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-        tmp.write_text(json.dumps(entry, ensure_ascii=False), encoding="utf-8")
-        os.replace(tmp, path)
-
-
-def _canon(value: Any) -> Any:
-    if isinstance(value, dict):
-        return sorted((str(k), _canon(v)) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return [_canon(v) for v in value]
-    return value
 
 
 # ---------------------------------------------------------------------------------------------- client

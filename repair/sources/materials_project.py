@@ -8,7 +8,8 @@ import logging
 import os
 import re
 
-from .http import ApiClient, KeyPool, ResponseCache, SourceError, load_keys
+from .cache import ResponseCache
+from .http import ApiClient, KeyPool, SourceError, load_keys
 
 logger = logging.getLogger(__name__)
 

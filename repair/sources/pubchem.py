@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 
-from .http import ApiClient, KeyPool, ResponseCache
+from .cache import ResponseCache
+from .http import ApiClient, KeyPool
 
 DEFAULT_URL = "https://pubchem.ncbi.nlm.nih.gov/rest/pug"
 URL_ENV = "PUBCHEM_API_URL"

@@ -11,7 +11,8 @@ import logging
 import os
 
 from .base import Paper, as_int, dedup_papers
-from .http import ApiClient, KeyPool, ResponseCache, load_keys
+from .cache import ResponseCache
+from .http import ApiClient, KeyPool, load_keys
 
 logger = logging.getLogger(__name__)
 
