@@ -1,0 +1,125 @@
+"""The table of every ``run_repair.sh`` setting: name, group, default, check, help, and whether it changes results.
+
+Apart from :mod:`repair.settings` (which resolves, validates and records them) so that adding a setting is one
+entry here, read top to bottom like the driver's ``--help``, which is generated from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One driver setting. ``kind`` picks the check; ``result`` = a rerun must use the same value, because the
+    setting changes what a finished step produced (plumbing such as DEVICE or FORCE does not)."""
+
+    name: str
+    group: str
+    default: str
+    help: str
+    kind: str = "text"  # int | float | choice | flag | text | model | path | file | adapter | special
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # range is (low, high] instead of [low, high]
+    high_open: bool = False
+    choices: tuple[str, ...] = ()
+    result: bool = True
+    shown_default: str | None = None  # the help's bracket text when the default is computed
+
+
+_s = Setting  # short name for the table below
+
+
+SETTINGS: tuple[Setting, ...] = (
+    _s("OUT_DIR", "Run", "runs/repair", "run folder", result=False),
+    _s("ITERS", "Run", "2", "iterations (a larger value extends a finished run)", "int", 1, result=False),
+    _s("FORCE", "Run", "0", "1 = redo every step (also: accept settings that differ from the run's record)",
+       "flag", result=False),
+    _s("PYTHON", "Run", "", "interpreter", result=False, shown_default=".venv/bin/python if present, else python3"),
+    _s("DEVICE", "Run", "", "cpu | cuda | cuda:N | mps", "special", result=False, shown_default="auto"),
+    _s("NPROC", "Run", "1", "processes for torchrun (training) and for 07's encoding; >1 is opt-in multi-GPU",
+       "int", 1, result=False),
+    _s("SEED", "Run", "42", "seed for generation, sampling and training", "int", 0),
+    _s("MODEL", "Model", "smollm2-135m", "retriever backbone: HF id, folder, alias smollm2-135m | minilm", "model"),
+    _s("ADAPTER", "Model", "", "LoRA adapter folder to start from (iteration 1)", "adapter", shown_default="none"),
+    _s("MAX_LENGTH", "Model", "512", "tokens per text incl. EOS", "int", 8),
+    _s("BATCH_SIZE", "Model", "32", "encoding batch size", "int", 1, result=False),
+    _s("TRAIN_DATA", "Data", "", "T0: original .pt, JSONL {query, positive}, or BEIR folder", "path",
+       shown_default="unset = the demo profile"),
+    _s("TRAIN_SPLIT", "Data", "train", "BEIR split of T0"),
+    _s("EVAL_DATA", "Data", "", "space-separated eval specs PATH | TASK:PATH | NAME:TASK:PATH (empty = no eval)",
+       "special", shown_default="none"),
+    _s("EVAL_SPLIT", "Data", "test", "split evaluated on BEIR folders"),
+    _s("PCT", "Diagnosis (Stage I)", "30", "bottom percentile of margins = Q_conf", "int", 1, 100),
+    _s("DIA_TOP_K", "Diagnosis (Stage I)", "50", "top-k searched per query for the margin", "int", 1),
+    _s("TOP_NEG_N", "Diagnosis (Stage I)", "30", "D-(q): first non-positive hits per confused query", "int", 1),
+    _s("EXTRACTOR", "Diagnosis (Stage I)", "regex", "concept extractor", "choice", choices=("regex", "matdetector")),
+    _s("NER_MODEL", "Diagnosis (Stage I)", "yerim0210/MatDetector",
+       "token-classification model for EXTRACTOR=matdetector", "model"),
+    _s("SOURCE", "Expansion (Stage II)", "local", "literature source", "choice",
+       choices=("local", "semantic_scholar", "elsevier")),
+    _s("LOCAL_CORPUS", "Expansion (Stage II)", "", "BEIR folder or JSONL {id,title,abstract} for SOURCE=local",
+       "path", shown_default="TRAIN_DATA when it is a folder"),
+    _s("S2_KEY_FILE", "Expansion (Stage II)", "", "Semantic Scholar keys, one per line (or $S2_API_KEY)", "file",
+       result=False),
+    _s("ELSEVIER_KEY_FILE", "Expansion (Stage II)", "",
+       "Elsevier keys, one per line (or $ELSEVIER_API_KEY / $ELSEVIER_INSTTOKEN)", "file", result=False),
+    _s("GROUNDING", "Expansion (Stage II)", "none", "attribute grounding (mp needs $MP_API_KEY)", "choice",
+       choices=("none", "pubchem", "mp", "both")),
+    _s("GENERATOR", "Expansion (Stage II)", "hf", "query generator backend", "choice", choices=("hf", "openai")),
+    _s("GEN_MODEL", "Expansion (Stage II)", "", "generator model for hf; for openai: the served model", "model",
+       shown_default="MODEL; openai: $OPENAI_MODEL or the server's first model"),
+    _s("GEN_ADAPTER", "Expansion (Stage II)", "auto",
+       "hf generator's LoRA: auto = the retriever's current adapter when GEN_MODEL is MODEL (the paper: M_theta "
+       "writes the queries), none = the plain generator, or an adapter folder", "special"),
+    _s("OPENAI_URL", "Expansion (Stage II)", "", "OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama)", "special",
+       result=False, shown_default="$OPENAI_BASE_URL"),
+    _s("TARGET_K", "Expansion (Stage II)", "20", "max negative candidates per verified query", "int", 1),
+    _s("VALID_FACTOR", "Expansion (Stage II)", "2", "stop expansion at VALID_FACTOR x |T0| valid tuples", "int", 1),
+    _s("GEN_ROUND", "Expansion (Stage II)", "", "queries generated per 05 -> 06 round", "int", 1,
+       shown_default="max(16, |T0|)"),
+    _s("MAX_ROUNDS", "Expansion (Stage II)", "6", "round limit of the 05 -> 06 loop", "int", 1),
+    _s("QUERY_FORM", "Expansion (Stage II)", "title",
+       "what q_new is: title = the verified top hit's title (the paper); generated = the generator's own query; "
+       "t0 = rewritten in T0's query style (expansion/06c_t0_style_queries.py)", "choice",
+       choices=("title", "generated", "t0")),
+    _s("EXPANSION", "Expansion (Stage II)", "1", "0 = skip Stage II (needs CONFUSED_TUPLES=1: Stage III then sees "
+       "only the diagnosed T0 queries)", "flag"),
+    _s("TOP_K", "Differentiation (Stage III)", "15", "hard negatives kept per tuple (Eq. 7)", "int", 1),
+    _s("CONSISTENCY_K", "Differentiation (Stage III)", "5", "keep a tuple if rank(d+) <= kappa in its pool (Eq. 6)",
+       "int", 1),
+    _s("POOL", "Differentiation (Stage III)", "local", "local (README) | global (original code)", "choice",
+       choices=("local", "global")),
+    _s("CONFUSED_TUPLES", "Differentiation (Stage III)", "0",
+       "1 = Q_conf's own T0 queries also go through Stage III, their D-(q) (first TARGET_K non-positive hits) as "
+       "candidates (differentiation/06b_confused_tuples.py)", "flag"),
+    _s("FN_PCT", "Differentiation (Stage III)", "",
+       "08's false-negative guard: drop candidates scoring above pos_score x FN_PCT, e.g. 0.95", "float", 0, 1,
+       low_open=True, shown_default="off"),
+    _s("FN_MARGIN", "Differentiation (Stage III)", "",
+       "08's false-negative guard: drop candidates scoring above pos_score - FN_MARGIN", "float",
+       shown_default="off"),
+    _s("NEGATIVES", "Differentiation (Stage III)", "repair",
+       "repair | causalneg (adds CoT counterfactual negatives + QEM)", "choice", choices=("repair", "causalneg")),
+    _s("CN_K", "Differentiation (Stage III)", "3", "generated counterfactual negatives per query (causalneg)",
+       "int", 1),
+    _s("CN_RATIO", "Differentiation (Stage III)", "1.0",
+       "share of the kept tuples that get generated negatives (Sec. 4.5)", "float", 0, 1, low_open=True),
+    _s("CN_EXTRA", "Differentiation (Stage III)", "",
+       "extra flags for differentiation/09b_counterfactual_negatives.py"),
+    _s("EPOCHS", "Training", "2", "epochs per training", "int", 1),
+    _s("LR", "Training", "2e-5", "AdamW learning rate", "float", 0, low_open=True),
+    _s("TEMPERATURE", "Training", "0.02", "InfoNCE temperature", "float", 0, low_open=True),
+    _s("GLOBAL_BATCH", "Training", "256", "examples per optimizer step", "int", 1),
+    _s("MINI_BATCH", "Training", "32", "GradCache chunk (memory only: same gradients)", "int", 1, result=False),
+    _s("NUM_HARD_NEG", "Training", "", "hard negatives per triplet; -1 = all", "int", -1,
+       shown_default="1; causalneg -1"),
+    _s("WARMUP_RATIO", "Training", "0.1", "linear warmup share of the steps (step 1 of a warmup trains with lr 0)",
+       "float", 0, 1, high_open=True),
+    _s("QEM_LAMBDA", "Training", "", "weight of the query-view entropy term", "float", 0,
+       shown_default="0 for repair, 0.1 for causalneg"),
+    _s("QEM_TAU", "Training", "0.1", "QEM temperature", "float", 0, low_open=True),
+    _s("FULL_FINETUNE", "Training", "0", "1 = train every weight (no LoRA)", "flag"),
+    _s("TRAIN_EXTRA", "Training", "", "extra flags passed to training/10_train_lora.py"),
+)
