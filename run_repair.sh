@@ -141,8 +141,9 @@ for ((k = 1; k <= ITERS; k++)); do
     --patha_out_dir "$DIA/pathA_ccs_train" --pathb_out_dir "$DIA/pathB_finch_train" --out_dir "$DIA/PathAB_terms"
   CONCEPTS="$DIA/PathAB_terms/final_terms.bottom_${PP}pct.txt"
 
-  # ---- Stage II: Expansion (05 -> 06 until VALID_FACTOR x |T0| valid tuples or MAX_ROUNDS)
-  # the generator (05 and CausalNeg's 10): the paper's default is the retriever's own backbone with its adapter
+  # ---- Stage II: Expansion (05 -> 06 rounds until VALID_FACTOR x |T0| valid tuples or MAX_ROUNDS: expansion/05_06_rounds.py
+  # runs each 05 and 06 as a step like the ones here, and writes $STATE/iter$k.expansion.done with the valid count)
+  # the generator (05, 06c and CausalNeg's 09b): the paper's default is the retriever's own backbone with its adapter
   GEN_BACKEND=(--backend "$GENERATOR")
   if [[ "$GENERATOR" == hf ]]; then
     GEN_BACKEND+=(--model "$GEN_MODEL")
@@ -155,38 +156,14 @@ for ((k = 1; k <= ITERS; k++)); do
   else
     [[ -n "$OPENAI_URL" ]] && GEN_BACKEND+=(--openai_url "$OPENAI_URL")
   fi
-  GEN="$EXP/generated.bottom_${PP}pct.jsonl"
   EXPJ="$EXP/expansion.bottom_${PP}pct.jsonl"
-  QF_FLAG=(); [[ "$QUERY_FORM" == generated ]] && QF_FLAG=(--query_form generated)
-  if [[ "$EXPANSION" == 0 ]]; then
-    say "skip  iter$k.expansion (EXPANSION=0)"
-  elif [[ ! -f "$STATE/iter$k.expansion.done" || "$FORCE" == 1 ]]; then
-    if [[ "$FORCE" == 1 && -f "$STATE/iter$k.expansion.done" ]]; then rm -f "$GEN"* "$EXPJ"*; fi
-    for ((r = 1; r <= MAX_ROUNDS; r++)); do
-      GEN_RESUME=(); [[ -f "$GEN" ]] && GEN_RESUME=(--resume)
-      step "iter$k.05_generate.r$r" "" "$PYTHON" "$HERE/expansion/05_query_generation.py" --concept_txt "$CONCEPTS" \
-        --out_jsonl "$GEN" --num_queries $((r * GEN_ROUND)) --seed "$SEED" --grounding "$GROUNDING" \
-        "${GEN_BACKEND[@]}" "${GEN_RESUME[@]}" "${DEVICE_FLAG[@]}"
-      VER_RESUME=(); [[ -f "$EXPJ" ]] && VER_RESUME=(--resume)
-      case "$SOURCE" in
-        local) SRC=("$PYTHON" "$HERE/expansion/06_local_corpus.py" --corpus "$LOCAL_CORPUS") ;;
-        semantic_scholar) SRC=("$PYTHON" "$HERE/expansion/06_semantic_scholar.py"); [[ -n "$S2_KEY_FILE" ]] && SRC+=(--key_file "$S2_KEY_FILE") ;;
-        elsevier) SRC=("$PYTHON" "$HERE/expansion/06_elsevier.py"); [[ -n "$ELSEVIER_KEY_FILE" ]] && SRC+=(--key_file "$ELSEVIER_KEY_FILE") ;;
-      esac
-      step "iter$k.06_verify.r$r" "" "${SRC[@]}" --generated_jsonl "$GEN" --out_jsonl "$EXPJ" --target_k "$TARGET_K" \
-        --target_valid "$TARGET_VALID" "${VER_RESUME[@]}" "${QF_FLAG[@]}"
-      VALID=$("$PYTHON" "$HERE/expansion/06_local_corpus.py" --out_jsonl "$EXPJ" --count_only | "$PYTHON" -c "import json,sys; print(json.load(sys.stdin)['valid'])")
-      say "expansion round $r: $VALID / $TARGET_VALID valid tuples"
-      [[ "$VALID" -ge "$TARGET_VALID" ]] && break
-    done
-    if [[ "$VALID" -lt "$TARGET_VALID" ]]; then
-      say "expansion stopped at the round limit ($MAX_ROUNDS): $VALID / $TARGET_VALID valid tuples; the run goes on with"
-      say "  these (more: raise MAX_ROUNDS or GEN_ROUND, or use a stronger generator; see docs/expansion.md)"
-    fi
-    echo "$VALID" > "$STATE/iter$k.expansion.done"
-  else
-    say "skip  iter$k.expansion (done: $(cat "$STATE/iter$k.expansion.done") valid tuples)"
-  fi
+  [[ "$EXPANSION" == 1 && ( "$FORCE" == 1 || ! -f "$STATE/iter$k.expansion.done" ) ]] && STEPS_RUN=$((STEPS_RUN + 1))
+  "$PYTHON" "$HERE/expansion/05_06_rounds.py" --iteration "iter$k" --state_dir "$STATE" --logs_dir "$LOGS" \
+    --expansion "$EXPANSION" --force "$FORCE" --concept_txt "$CONCEPTS" --generated_jsonl "$EXP/generated.bottom_${PP}pct.jsonl" \
+    --out_jsonl "$EXPJ" --gen_round "$GEN_ROUND" --max_rounds "$MAX_ROUNDS" --target_valid "$TARGET_VALID" \
+    --target_k "$TARGET_K" --seed "$SEED" --grounding "$GROUNDING" --query_form "$QUERY_FORM" --source "$SOURCE" \
+    --local_corpus "$LOCAL_CORPUS" --s2_key_file "$S2_KEY_FILE" --elsevier_key_file "$ELSEVIER_KEY_FILE" \
+    --device "$DEVICE" --python "$PYTHON" -- "${GEN_BACKEND[@]}"
 
   if [[ "$QUERY_FORM" == t0 && "$EXPANSION" == 1 ]]; then  # issue 16: q_new rewritten in T0's query style
     EXPT0="$EXP/expansion.t0.bottom_${PP}pct.jsonl"

@@ -25,7 +25,8 @@ from urllib.parse import parse_qs, urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.generation import HFGenerator, build_prompt  # noqa: E402
+from repair.generation import HFGenerator  # noqa: E402
+from repair.query_generation import build_prompt  # noqa: E402
 from repair.sources import ResponseCache  # noqa: E402
 from repair.sources.local_corpus import LocalCorpus  # noqa: E402
 from repair.sources.semantic_scholar import SemanticScholar  # noqa: E402

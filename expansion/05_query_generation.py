@@ -21,8 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repair.cli import fail, run_script  # noqa: E402
-from repair.expansion import Grounder, generate_queries, generation_summary, read_concepts  # noqa: E402
-from repair.generation import DEFAULT_SAMPLING, add_generator_args, generator_from_args  # noqa: E402
+from repair.generation import (add_generator_args, add_sampling_args, generator_from_args,  # noqa: E402
+                               sampling_from_args)
+from repair.query_generation import Grounder, generate_queries, generation_summary, read_concepts  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
 from repair.sources import SourceError, make_cache  # noqa: E402
 
@@ -56,13 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="response cache of the grounding APIs (default: $REPAIR_CACHE/http; 'none' disables it)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per grounding request (default: %(default)s)")
     add_generator_args(p, default_batch_help="--round_size")
-    s = p.add_argument_group("sampling (defaults of the original 05)")
-    s.add_argument("--temperature", type=float, default=DEFAULT_SAMPLING["temperature"], help="(default: %(default)s)")
-    s.add_argument("--top_p", type=float, default=DEFAULT_SAMPLING["top_p"], help="(default: %(default)s)")
-    s.add_argument("--repetition_penalty", type=float, default=DEFAULT_SAMPLING["repetition_penalty"],
-                   help="(default: %(default)s)")
-    s.add_argument("--max_new_tokens", type=int, default=DEFAULT_SAMPLING["max_new_tokens"],
-                   help="(default: %(default)s)")
+    add_sampling_args(p)
     p.add_argument("--log_level", default="INFO", help="logging level (default: %(default)s)")
     p.add_argument("--no_progress", action="store_true", help="hide the progress bar")
     return p.parse_args(argv)
@@ -93,11 +88,10 @@ def main(argv=None) -> dict:
     except SourceError as exc:
         fail(f"grounding unavailable: {exc}")
     generator = generator_from_args(args, default_batch_size=args.round_size)
-    sampling = {"temperature": args.temperature, "top_p": args.top_p, "repetition_penalty": args.repetition_penalty,
-                "max_new_tokens": args.max_new_tokens}
     stats = generate_queries(concepts, generator, args.out_jsonl, num_queries=args.num_queries,
                              round_size=args.round_size, seed=args.seed, grounder=grounder, template=args.prompt,
-                             min_concepts=args.min_concepts, max_concepts=args.max_concepts, sampling=sampling,
+                             min_concepts=args.min_concepts, max_concepts=args.max_concepts,
+                             sampling=sampling_from_args(args),
                              resume=args.resume, progress=not args.no_progress)
     summary = {"out_jsonl": args.out_jsonl, "concepts": len(concepts), "generator": generator.describe(),
                "this_run": stats.as_dict(), "grounding": dict(grounder.counts),

@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repair.cli import run_script  # noqa: E402
 from repair.data import load_seed  # noqa: E402
-from repair.expansion import T0_ON_FAILURE, rewrite_t0_style  # noqa: E402
-from repair.generation import (T0_STYLES, add_generator_args, add_sampling_args, generator_from_args,  # noqa: E402
+from repair.generation import (add_generator_args, add_sampling_args, generator_from_args,  # noqa: E402
                                sampling_from_args)
 from repair.runtime import setup_logging  # noqa: E402
+from repair.t0_style import T0_ON_FAILURE, T0_STYLES, rewrite_t0_style  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

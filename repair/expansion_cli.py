@@ -16,11 +16,12 @@ import os
 import sys
 
 from .cli import fail
-from .expansion import (DEFAULT_QUERY_FORM, QUERY_FORMS, concept_groups_to_tuples, count_valid, read_concepts,
-                        run_concept_mode, run_verification, status_path_for)
+from .concept_search import concept_groups_to_tuples, run_concept_mode
+from .query_generation import read_concepts
 from .runtime import setup_logging
 from .sources import make_cache, make_source
 from .sources.http import SourceError, load_keys
+from .verification import DEFAULT_QUERY_FORM, QUERY_FORMS, count_valid, run_verification, status_path_for
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Text generation backends and the query-generation prompt of Stage II (DESIGN 5 step 5).
+"""Text generation backends (DESIGN 5 step 5): prompts in, completions out, and the flags that pick one.
 
 Two backends with one API, ``generate(prompts, *, n, seed, max_new_tokens, temperature, top_p,
 repetition_penalty) -> list[str]`` (``n`` completions per prompt, grouped by prompt):
@@ -12,22 +12,19 @@ repetition_penalty) -> list[str]`` (``n`` completions per prompt, grouped by pro
   Ollama), through the same HTTP core as the literature sources (retries, timeouts, key never logged).
 
 A prompt is a string (sent as one user message when a chat template is used) or a list of chat messages.
-The CausalNeg negatives step and the T0-style rewrite (QUERY_FORM=t0, :func:`build_t0_style_prompt`) reuse
-these backends.
+Separate from what is asked: 05's prompt and cleaning (:mod:`repair.query_generation`), the T0-style rewrite
+(:mod:`repair.t0_style`) and the CausalNeg negatives step all use these backends.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Union
 
 from .sources.http import ApiClient, KeyPool, load_keys
-from .text import content_words
 
 logger = logging.getLogger(__name__)
 
@@ -35,189 +32,6 @@ Prompt = Union[str, list[dict]]
 
 # Sampling defaults of the original 05 (UPSTREAM 2.6).
 DEFAULT_SAMPLING = {"max_new_tokens": 40, "temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.2}
-
-# ---------------------------------------------------------------------------------------------- prompts
-# The paper's prompt (App. A.2.1, as described in UPSTREAM 2.6 "Paper version"): one query that is
-# inherently ambiguous or hard to resolve for standard retrievers, reading like a real paper title or
-# research question, in indirect / context-dependent / metaphorical language, over 1-3 grounded concepts
-# listed as "Concept k: {name} (Attributes: {attrs})", then an open "Query:". Our own wording.
-PAPER_PROMPT_ID = "repair-paper-a2.1-v1"
-PAPER_PROMPT_HEAD = (
-    "You are an expert scientific researcher. Write one research query that is inherently ambiguous or hard "
-    "to resolve for standard retrievers. It must read like a real paper title or research question, and use "
-    "indirect, context-dependent or metaphorical language instead of naming the concepts plainly. "
-    "Base it on the concepts below and their attributes. Write only the query, on one line."
-)
-
-# The original 05's three-shot completion prompt (UPSTREAM 2.6), our own wording, one term.
-ORIGINAL_PROMPT_ID = "upstream-3shot-v1"
-ORIGINAL_PROMPT_HEAD = (
-    "You are an expert in materials science. For the given term, write exactly one specific research query.\n\n"
-    "Term: Graphene\n"
-    "Query: How does high pressure change the electron mobility and structural integrity of monolayer "
-    "graphene?\n\n"
-    "Term: Ti6Al4V\n"
-    "Query: What controls the fatigue life of selective-laser-melted Ti6Al4V in biomedical implants?\n\n"
-)
-PROMPT_IDS = {"paper": PAPER_PROMPT_ID, "original": ORIGINAL_PROMPT_ID}
-
-
-def describe_attributes(attributes: dict | None) -> str:
-    """Grounded attributes as the short phrase the prompt shows ("formula C9H8O4; molecular weight ...")."""
-    if not attributes:
-        return "none known"
-    parts: list[str] = []
-    pc = attributes.get("pubchem") or {}
-    mp = attributes.get("materials_project") or {}
-    if pc.get("formula"):
-        parts.append(f"formula {pc['formula']}")
-    elif mp.get("formula"):
-        parts.append(f"formula {mp['formula']}")
-    if pc.get("molecular_weight") is not None:
-        parts.append(f"molecular weight {pc['molecular_weight']:g} g/mol")
-    if pc.get("iupac_name"):
-        parts.append(f"IUPAC name {pc['iupac_name']}")
-    if pc.get("synonyms"):
-        parts.append("synonyms " + ", ".join(pc["synonyms"]))
-    if mp.get("crystal_system"):
-        parts.append(f"crystal system {mp['crystal_system']}")
-    if mp.get("band_gap") is not None:
-        parts.append(f"band gap {mp['band_gap']:g} eV")
-    if mp.get("density") is not None:
-        parts.append(f"density {mp['density']:.3g} g/cm^3")
-    return "; ".join(parts) or "none known"
-
-
-def build_prompt(concepts: list[str], attributes: dict[str, dict] | None = None, template: str = "paper") -> str:
-    """The query-generation prompt for 1-3 concepts (``template`` "paper") or one term ("original")."""
-    attributes = attributes or {}
-    if template == "paper":
-        lines = [PAPER_PROMPT_HEAD, ""]
-        for k, concept in enumerate(concepts, start=1):
-            lines.append(f"Concept {k}: {concept} (Attributes: {describe_attributes(attributes.get(concept))})")
-        lines += ["", "Query:"]
-        return "\n".join(lines)
-    if template == "original":
-        return f"{ORIGINAL_PROMPT_HEAD}Term: {concepts[0]}\nQuery:"
-    raise ValueError(f"unknown prompt template {template!r}; expected one of {sorted(PROMPT_IDS)}")
-
-
-# The T0-style rewrite (issue 16, QUERY_FORM=t0): the verified abstract gets a query in the form of the seed set's
-# own queries (a claim for SciFact, a question for QA sets, a title for the paper's title -> abstract T0), shown
-# through k (query, passage) examples of T0. Our own wording.
-T0_STYLE_PROMPT_ID = "repair-t0-style-v1"
-T0_STYLES = {
-    "claim": "a claim (one declarative sentence) that the passage supports",
-    "question": "a question that the passage answers",
-    "title": "a title the passage could have, like a paper title",
-    "keywords": "a short keyword query the passage is relevant to",
-}
-
-
-def query_style(query: str) -> str:
-    """The form of one query: ``question`` (ends with ?), ``keywords`` (<= 4 words, no final punctuation),
-    ``claim`` (ends with . or !), else ``title``."""
-    text = query.strip()
-    if text.endswith("?"):
-        return "question"
-    if text.endswith((".", "!")):
-        return "claim"
-    return "keywords" if len(re.findall(r"\w+", text)) <= 4 else "title"
-
-
-def t0_query_style(queries: Sequence[str]) -> str:
-    """The most common :func:`query_style` of a seed set's queries (ties: the order of :data:`T0_STYLES`), what
-    the rewrite prompt asks for when ``--style auto``."""
-    if not queries:
-        raise ValueError("no query to infer the seed set's query style from")
-    counts = Counter(query_style(q) for q in queries)
-    return max(T0_STYLES, key=lambda style: (counts[style], -list(T0_STYLES).index(style)))
-
-
-def build_t0_style_prompt(examples: Sequence[tuple[str, str]], passage: str, style: str,
-                          max_passage_chars: int = 1000) -> str:
-    """The T0-style rewrite prompt: ``examples`` (query, passage) pairs of T0, then ``passage`` (the verified
-    abstract) and an open ``Query:``; passages are clipped to ``max_passage_chars`` (small-context generators)."""
-    from .negatives import _clip
-
-    if style not in T0_STYLES:
-        raise ValueError(f"unknown query style {style!r}; expected one of {sorted(T0_STYLES)}")
-    lines = ["Below are queries from a retrieval training set, each after the passage it retrieves. Write one new "
-             f"query for the last passage in the same style: {T0_STYLES[style]}. Match the examples' form and "
-             "length, and do not copy a sentence of the passage. Write only the query, on one line.", ""]
-    for query, example in examples:
-        lines += [f"Passage: {_clip(example, max_passage_chars)}", f"Query: {' '.join(query.split())}", ""]
-    lines += [f"Passage: {_clip(passage, max_passage_chars)}", "Query:"]
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------- cleaning
-_PREAMBLE = re.compile(r"^(sure|here|certainly|okay|ok|of course|absolutely|great)\b", re.I)
-_LABEL = re.compile(r"^(?:(?:research|generated|new|final)\s+)?(?:query|question|title)\s*\d*\s*[:\-–]\s*", re.I)
-
-
-def _norm(text: str) -> str:
-    return " ".join(re.findall(r"\w+", text.lower()))
-
-
-def clean_query(raw: str, prompt: str = "", min_words: int = 4,
-                max_words: int | None = None) -> tuple[str | None, str]:
-    """Turn a raw completion into one query, or reject it: returns (query, "ok") or (None, reason).
-
-    Reasons: ``empty``, ``echo`` (the model repeated the prompt), ``too_short`` (< ``min_words`` words),
-    ``too_long`` (> ``max_words`` words, when given), ``vague`` (< 3 distinct content words), ``not_text``,
-    ``repetitive`` (degenerate loops). Like the original, the text after the last ``Query:`` is taken when present.
-    """
-    text = (raw or "").replace("\r", "\n").strip()
-    match = list(re.finditer(r"query\s*:", text, re.I))
-    if match:
-        text = text[match[-1].end():]
-    lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
-    # Drop chat preambles ("Here is a research query:") when something follows them.
-    while len(lines) > 1 and (lines[0].endswith(":") or _PREAMBLE.match(lines[0])):
-        lines.pop(0)
-    if not lines:
-        return None, "empty"
-    line = lines[0]
-    line = re.sub(r"^(?:[#>*\-]+|\d{1,2}[.)])\s+", "", line)  # one markdown bullet / list number
-    line = line.replace("**", "").replace("__", "")
-    line = _LABEL.sub("", line).strip()
-    line = line.strip(" \"'`“”‘’").strip()
-    line = " ".join(line.split())
-    if not line:
-        return None, "empty"
-    # One query: cut at the first sentence end that leaves a full query before it ("...cells? A study ...").
-    for end in re.finditer(r"[.?!](?=\s+[A-Z\"“])", line):
-        if len(re.findall(r"\w+", line[:end.end()])) >= min_words:
-            line = line[:end.end()]
-            break
-    words = re.findall(r"\w+", line.lower())
-    if re.match(r"^concept\s*\d+\s*:", line, re.I) or (len(words) >= min_words and prompt and
-                                                         _norm(line) in _norm(prompt)):
-        return None, "echo"
-    if len(words) < min_words:
-        return None, "too_short"
-    if max_words is not None and len(words) > max_words:
-        return None, "too_long"
-    letters = sum(ch.isalpha() for ch in line)
-    if letters < 0.5 * len(line.replace(" ", "")):
-        return None, "not_text"
-    top = Counter(words).most_common(1)[0][1]
-    if (len(words) >= 6 and top > 0.4 * len(words)) or len(set(words)) < 0.5 * len(words):
-        return None, "repetitive"
-    if len({w.lower() for w in content_words(line)}) < 3:  # "What can we do with this?"
-        return None, "vague"
-    return line, "ok"
-
-
-def shared_content_words(text: str, reference: str) -> int:
-    """Distinct content words of ``text`` that ``reference`` also holds (case-insensitive; a word of 6+ letters
-    also matches on its first 6, so "microRNAs" meets "microRNA"): a query written *for* a passage shares its
-    terms, one that drifted off topic does not."""
-    ref = {w.lower() for w in content_words(reference)}
-    stems = {w[:6] for w in ref if len(w) >= 6}
-    words = {w.lower() for w in content_words(text)}
-    return sum(1 for w in words if w in ref or (len(w) >= 6 and w[:6] in stems))
 
 
 # ---------------------------------------------------------------------------------------------- HF backend

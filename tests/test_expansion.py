@@ -17,13 +17,14 @@ import pytest
 import torch
 
 from repair.data import DataError, read_jsonl
-from repair.expansion import (Grounder, concept_groups_to_tuples, count_valid, read_concepts, read_status,
-                              run_concept_mode, run_verification, verify_hits)
+from repair.concept_search import concept_groups_to_tuples, run_concept_mode
 from repair.expansion_cli import verification_main
+from repair.query_generation import Grounder, read_concepts
 from repair.sources import AuthError
 from repair.sources.base import Paper
 from repair.sources.local_corpus import LocalCorpus
 from repair.sources.semantic_scholar import SemanticScholar
+from repair.verification import count_valid, read_status, run_verification, verify_hits
 from tests.helpers_generation import build_tiny_causal
 from tests.helpers_sources import (FakeServer, Reply, mp_route, openai_route, pubchem_route, s2_paper, s2_route)
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from repair.data import DataError, read_jsonl
-from repair.expansion import read_status
 from repair.expansion_cli import verification_main
 from repair.sources.http import ApiClient, KeyPool, SourceError, load_keys
+from repair.verification import read_status
 from tests.helpers_sources import (FakeServer, Reply, elsevier_route, mp_route, openai_route, pubchem_route,
                                    s2_paper, s2_route, scopus_entry)
 

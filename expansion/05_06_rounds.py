@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""Stage II as the driver runs it: 05 -> 06 rounds until --target_valid valid tuples or --max_rounds rounds.
+
+Round r runs 05 for r x --gen_round queries in all, then 06 on them, each as a driver step (skipped when its
+marker in --state_dir exists; command in --logs_dir/<step>.cmd, output in <step>.log), and prints
+"expansion round r: V / T valid tuples". A killed run resumes the unfinished round; a finished stage (marker
+<iteration>.expansion.done, holding the valid count) is skipped. Everything after "--" goes to 05 as generator
+flags (--backend, --model, --adapter, --openai_url ...). run_repair.sh calls this once per iteration.
+
+Example (what the driver runs, shortened):
+  python expansion/05_06_rounds.py --iteration iter1 --state_dir run/.state --logs_dir run/logs \\
+      --concept_txt run/iter1/diagnosis/PathAB_terms/final_terms.bottom_30pct.txt \\
+      --generated_jsonl run/iter1/expansion/generated.bottom_30pct.jsonl \\
+      --out_jsonl run/iter1/expansion/expansion.bottom_30pct.jsonl --gen_round 16 --max_rounds 3 \\
+      --target_valid 24 --target_k 20 --source local --local_corpus data/demo/scifact-demo -- --backend hf
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from repair.cli import run_script  # noqa: E402
+from repair.driver_steps import StepFailed, StepRunner  # noqa: E402
+from repair.expansion_rounds import SOURCES, ExpansionRounds, run_expansion_rounds  # noqa: E402
+
+QUERY_FORM_SETTINGS = ("title", "generated", "t0")
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(the flags, the generator flags after ``--``)."""
+    own, generator_flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--iteration", required=True, help="step-name prefix, e.g. iter1 (steps iter1.05_generate.r1 ...)")
+    p.add_argument("--state_dir", required=True, help="the driver's marker folder ($OUT_DIR/.state)")
+    p.add_argument("--logs_dir", required=True, help="the driver's log folder ($OUT_DIR/logs)")
+    p.add_argument("--expansion", type=int, choices=[0, 1], default=1,
+                   help="EXPANSION: 0 skips the stage (default: %(default)s)")
+    p.add_argument("--force", type=int, choices=[0, 1], default=0,
+                   help="FORCE: 1 reruns every step and starts a finished stage over (default: %(default)s)")
+    p.add_argument("--concept_txt", required=True, help="C_conf, 04's final_terms.bottom_{pp}pct.txt")
+    p.add_argument("--generated_jsonl", required=True, help="05's output (generated queries)")
+    p.add_argument("--out_jsonl", required=True, help="06's output (expansion tuples)")
+    p.add_argument("--gen_round", type=int, required=True, help="GEN_ROUND: queries added per round")
+    p.add_argument("--max_rounds", type=int, required=True, help="MAX_ROUNDS: rounds at most")
+    p.add_argument("--target_valid", type=int, required=True, help="VALID_FACTOR x |T0|: valid tuples wanted")
+    p.add_argument("--target_k", type=int, required=True, help="TARGET_K: 06's negative candidates per tuple")
+    p.add_argument("--seed", type=int, default=42, help="SEED of 05 (default: %(default)s)")
+    p.add_argument("--grounding", default="none", help="GROUNDING of 05 (default: %(default)s)")
+    p.add_argument("--query_form", choices=QUERY_FORM_SETTINGS, default="title",
+                   help="QUERY_FORM: generated makes 06 write the generated query as q_new; t0 is a later step "
+                        "(default: %(default)s)")
+    p.add_argument("--source", choices=SOURCES, default="local", help="SOURCE of 06 (default: %(default)s)")
+    p.add_argument("--local_corpus", default="", help="LOCAL_CORPUS (SOURCE=local)")
+    p.add_argument("--s2_key_file", default="", help="S2_KEY_FILE (SOURCE=semantic_scholar; empty: $S2_API_KEY)")
+    p.add_argument("--elsevier_key_file", default="",
+                   help="ELSEVIER_KEY_FILE (SOURCE=elsevier; empty: $ELSEVIER_API_KEY)")
+    p.add_argument("--device", default="", help="DEVICE of 05's generator (empty: 05's default)")
+    p.add_argument("--python", default=sys.executable,
+                   help="the interpreter that runs 05 and 06 (the driver's $PYTHON) (default: this one)")
+    return p.parse_args(own), generator_flags
+
+
+def main(argv: list[str]) -> int:
+    args, generator_flags = parse_args(argv)
+    stage = ExpansionRounds(
+        iteration=args.iteration, concept_txt=Path(args.concept_txt), generated_jsonl=Path(args.generated_jsonl),
+        out_jsonl=Path(args.out_jsonl), gen_round=args.gen_round, max_rounds=args.max_rounds,
+        target_valid=args.target_valid, target_k=args.target_k, seed=args.seed, grounding=args.grounding,
+        query_form=args.query_form, source=args.source, local_corpus=args.local_corpus,
+        s2_key_file=args.s2_key_file, elsevier_key_file=args.elsevier_key_file, generator_flags=generator_flags,
+        device=args.device)
+    runner = StepRunner(Path(args.state_dir), Path(args.logs_dir), force=args.force == 1)
+    try:
+        run_expansion_rounds(stage, runner, python=args.python, scripts=Path(__file__).absolute().parent,
+                             enabled=args.expansion == 1)
+    except StepFailed:
+        return 1  # the step printed its log and command
+    return 0
+
+
+if __name__ == "__main__":
+    run_script(main)
