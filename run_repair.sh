@@ -88,8 +88,6 @@ step() {
 
 
 
-T0_SIZE=$(PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c \
-  "import sys; from repair.data import load_seed; print(len(load_seed(sys.argv[1], split=sys.argv[2])))" "$TRAIN_DATA" "$TRAIN_SPLIT")
 TARGET_VALID=$((VALID_FACTOR * T0_SIZE))
 GEN_ROUND=${GEN_ROUND:-$(( T0_SIZE > 16 ? T0_SIZE : 16 ))}
 
@@ -237,9 +235,5 @@ else
   "$PYTHON" "$HERE/eval/run_report.py" --run_dir "$OUT_DIR" --print_only
 fi
 say "report: $OUT_DIR/report.md"
-if [[ "$FULL_FINETUNE" == 1 ]]; then
-  say "final retriever: the model folder $CUR_MODEL"
-elif [[ -n "$CUR_ADAPTER" && -f "$CUR_ADAPTER/adapter_config.json" ]]; then
-  BASE=$("$PYTHON" -c "import json, sys; print(json.load(open(sys.argv[1]))['base_model_name_or_path'])" "$CUR_ADAPTER/adapter_config.json")
-  say "final retriever: ADAPTER=$CUR_ADAPTER on BASE=$BASE (README: loading an adapter)"
-fi
+FINAL_RETRIEVER="$CUR_ADAPTER"; [[ "$FULL_FINETUNE" == 1 ]] && FINAL_RETRIEVER="$CUR_MODEL"
+if [[ -d "$FINAL_RETRIEVER" ]]; then say "$("$PYTHON" "$HERE/eval/run_report.py" --final_retriever "$FINAL_RETRIEVER")"; fi

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import run_script  # noqa: E402
+from repair.cli import run_script, split_adapter  # noqa: E402
 from repair.report import (  # noqa: E402
     ReportError,
     collect,
@@ -30,6 +30,14 @@ from repair.report import (  # noqa: E402
 )
 
 
+def final_retriever_line(folder: Path) -> str:
+    """The run's last model as a user loads it: an adapter names its base (README: loading an adapter)."""
+    if (folder / "adapter_config.json").exists():
+        base, _ = split_adapter(str(folder), None)
+        return f"final retriever: ADAPTER={folder} on BASE={base} (README: loading an adapter)"
+    return f"final retriever: the model folder {folder}"
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run_dir", help="the driver's OUT_DIR (holds iter0/, iter1/, ...)")
@@ -39,7 +47,12 @@ def main(argv=None) -> None:
     p.add_argument("--force", action="store_true", help="rewrite the report even if it loses numbers it had")
     p.add_argument("--console", metavar="STEP",
                    help="relay stdin to stdout for the driver, JSON summary lines shortened (no report)")
+    p.add_argument("--final_retriever", metavar="FOLDER",
+                   help="print how to load the run's final retriever (a LoRA adapter folder or a model folder)")
     args = p.parse_args(argv)
+    if args.final_retriever:
+        print(final_retriever_line(Path(args.final_retriever)))
+        return
     if args.console:
         relay_step_output(args.console, sys.stdin.buffer, sys.stdout.buffer)
         return

@@ -376,6 +376,17 @@ def help_text(root: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------------ CLI for the driver
+def training_set_size(train_data: str, split: str) -> int:
+    """|T0| (the driver sizes GEN_ROUND and the expansion target with it); reading T0 here also means a malformed
+    T0 stops the run before any work, with the loader's file:line:field message."""
+    from .data import DataError, load_seed
+
+    try:
+        return len(load_seed(os.path.expanduser(train_data), split=split))
+    except (DataError, OSError) as exc:
+        raise SettingsError([f"TRAIN_DATA: {exc}"]) from None
+
+
 def shell_assignments(resolved: Resolved) -> str:
     """``NAME='value'`` lines for the driver's ``eval`` (plus the profile's name, file and description)."""
     lines = [f"{name}={shlex.quote(value)}" for name, value in resolved.values.items()]
@@ -404,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         problems = validate(resolved, os.environ)
         if problems:
             raise SettingsError(problems)
+        t0_size = training_set_size(resolved.values["TRAIN_DATA"], resolved.values["TRAIN_SPLIT"])
         if not args.no_record:
             check_and_record(Path(resolved.values["OUT_DIR"]).expanduser(), resolved.values,
                              force=resolved.values["FORCE"] == "1")
@@ -411,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             sys.stderr.write(problem + "\n")
         return 2
-    sys.stdout.write(shell_assignments(resolved))
+    sys.stdout.write(shell_assignments(resolved) + f"T0_SIZE={t0_size}\n")
     return 0
 
 

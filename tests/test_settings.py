@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from repair.data import PASSAGE_KEYS
 from repair.settings import (
     RECORD_FILE,
     SettingsError,
@@ -166,3 +167,33 @@ def test_the_driver_check_needs_no_torch_and_prints_shell_assignments(tmp_path):
     shown = subprocess.run(["bash", "-c", 'eval "$1"; printf "%s|%s" "$PCT" "$CN_EXTRA"', "_", proc.stdout],
                            capture_output=True, text=True)
     assert shown.stdout == "30|--temperature 0.7 --note 'it''s'"
+
+
+def test_resolve_sizes_t0_and_stops_on_a_malformed_t0(tmp_path):
+    """The driver takes |T0| from ``resolve`` (no python -c in bash); a malformed T0 stops it there, in a second."""
+    def run(env: dict[str, str]) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "repair.settings", "resolve", "--root", str(ROOT), "--no_record"],
+                              env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, cwd=ROOT)
+
+    good = run({"TRAIN_DATA": str(TINY), "OUT_DIR": str(tmp_path / "run")})
+    assert good.returncode == 0, good.stderr
+    qrels = (TINY / "qrels" / "train.tsv").read_text().splitlines()[1:]
+    assert f"T0_SIZE={len({row.split()[0] for row in qrels if row.strip()})}" in good.stdout.splitlines()
+    bad = tmp_path / "t0.jsonl"
+    bad.write_text('{"query": "q1", "positive": "p1"}\n{"query": "q2"}\n')
+    refused = run({"TRAIN_DATA": str(bad), "OUT_DIR": str(tmp_path / "run2"), "LOCAL_CORPUS": str(TINY)})
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == f"TRAIN_DATA: {bad}:2: missing field 'positive' (or one of {PASSAGE_KEYS})"
+    assert not (tmp_path / "run2").exists()
+
+
+def test_final_retriever_line_names_the_adapters_base(tmp_path):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/models/base"}))
+    out = subprocess.run([sys.executable, str(ROOT / "eval" / "run_report.py"), "--final_retriever", str(adapter)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.strip() == f"final retriever: ADAPTER={adapter} on BASE=/models/base (README: loading an adapter)"
+    full = subprocess.run([sys.executable, str(ROOT / "eval" / "run_report.py"), "--final_retriever", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert full.stdout.strip() == f"final retriever: the model folder {tmp_path}"
