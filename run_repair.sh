@@ -153,6 +153,7 @@ for ((k = 1; k <= ITERS; k++)); do
     fi
   else
     [[ -n "$OPENAI_URL" ]] && GEN_BACKEND+=(--openai_url "$OPENAI_URL")
+    [[ -n "$OPENAI_EXTRA" ]] && GEN_BACKEND+=(--openai_no_repetition_penalty --openai_extra "$OPENAI_EXTRA")
   fi
   EXPJ="$EXP/expansion.bottom_${PP}pct.jsonl"
   [[ "$EXPANSION" == 1 && ( "$FORCE" == 1 || ! -f "$STATE/iter$k.expansion.done" ) ]] && STEPS_RUN=$((STEPS_RUN + 1))

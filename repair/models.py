@@ -35,7 +35,10 @@ ENCODER_MODEL_TYPES = {
 }
 
 ALIASES = {"smollm2-135m": "smollm2-135m", "smollm2": "smollm2-135m", "minilm": "minilm",
-           "all-minilm-l6-v2": "minilm", "sentence-transformers/all-MiniLM-L6-v2": "minilm"}
+           "all-minilm-l6-v2": "minilm", "sentence-transformers/all-MiniLM-L6-v2": "minilm",
+           # instruct generators shipped as split GGUF packages (repair/model_packages.py, docs/generators.md)
+           "qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct": "qwen2.5-coder-0.5b",
+           "qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-1.5b"}
 
 
 class ModelError(RuntimeError):
@@ -132,6 +135,10 @@ def resolve_model(name_or_path: str, pooling: str | None = None, trust_remote_co
         path = str(smollm2_folder())
     elif alias == "minilm":
         path = str(minilm_folder())
+    elif alias in ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
+        from .model_packages import packaged_hf_folder  # imports this module: import here, not at the top
+
+        path = str(packaged_hf_folder(alias))
     else:
         path = name_or_path
     if pooling not in (None, "", "auto") and pooling not in ("eos", "mean"):

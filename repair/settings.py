@@ -264,6 +264,13 @@ def validate(resolved: Resolved, environ: Mapping[str, str]) -> list[str]:
             bad("GEN_ADAPTER", problem.replace("must be a", "must be auto, none or a"))
     if v["DEVICE"] and not DEVICE_RE.match(v["DEVICE"]):
         bad("DEVICE", f"DEVICE must be cpu, cuda, cuda:N or mps, got {v['DEVICE']!r}")
+    if v["OPENAI_EXTRA"]:
+        try:
+            extra = json.loads(v["OPENAI_EXTRA"])
+        except json.JSONDecodeError as exc:
+            extra = exc
+        if not isinstance(extra, dict):
+            bad("OPENAI_EXTRA", f"OPENAI_EXTRA must be a JSON object, got {v['OPENAI_EXTRA']!r}")
     if v["OPENAI_URL"] and urlsplit(v["OPENAI_URL"]).scheme not in ("http", "https"):
         bad("OPENAI_URL", f"OPENAI_URL must be an http(s):// URL, got {_without_credentials(v['OPENAI_URL'])!r}")
     if "TOP_K" in numbers and "CONSISTENCY_K" in numbers and numbers["TOP_K"] < numbers["CONSISTENCY_K"]:

@@ -75,6 +75,9 @@ SETTINGS: tuple[Setting, ...] = (
        "writes the queries), none = the plain generator, or an adapter folder", "special"),
     _s("OPENAI_URL", "Expansion (Stage II)", "", "OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama)", "special",
        result=False, shown_default="$OPENAI_BASE_URL"),
+    _s("OPENAI_EXTRA", "Expansion (Stage II)", "",
+       "JSON object merged into every OpenAI-compatible request, e.g. llama.cpp's '{\"repeat_penalty\": 1.2}' (then "
+       "no repetition_penalty field is sent: llama.cpp ignores it)", "special", shown_default="none"),
     _s("TARGET_K", "Expansion (Stage II)", "20", "max negative candidates per verified query", "int", 1),
     _s("VALID_FACTOR", "Expansion (Stage II)", "2", "stop expansion at VALID_FACTOR x |T0| valid tuples", "int", 1),
     _s("GEN_ROUND", "Expansion (Stage II)", "", "queries generated per 05 -> 06 round", "int", 1,

@@ -39,6 +39,8 @@ def test_every_numeric_enum_and_path_setting_is_checked_with_its_name():
     assert problems_for({**base, "LR": "nan"}) == ["LR must be a finite number, got 'nan'"]
     assert problems_for({**base, "CN_RATIO": "1.5"}) == ["CN_RATIO must be in (0, 1], got 1.5"]
     assert problems_for({**base, "WARMUP_RATIO": "1"}) == ["WARMUP_RATIO must be in [0, 1), got 1"]
+    assert problems_for({**base, "OPENAI_EXTRA": '{"repeat_penalty": 1.2}'}) == []
+    assert problems_for({**base, "OPENAI_EXTRA": "[1]"}) == ["OPENAI_EXTRA must be a JSON object, got '[1]'"]
     assert problems_for({**base, "NUM_HARD_NEG": "-2"}) == ["NUM_HARD_NEG must be >= -1, got -2"]
     assert problems_for({**base, "GEN_ROUND": "0"}) == ["GEN_ROUND must be >= 1, got 0"]
     assert problems_for({**base, "FULL_FINETUNE": "yes"}) == ["FULL_FINETUNE must be 0 or 1, got 'yes'"]
