@@ -120,16 +120,34 @@ def minilm_folder() -> Path:
     return folder
 
 
-def pooling_for(path: str, trust_remote_code: bool = False) -> str:
-    """Default pooling of a model: ``mean`` for known encoder types, ``eos`` for everything else."""
+def model_config(name: str, path: str, trust_remote_code: bool = False):
+    """The model's ``config.json``, read before any weights: a name that is neither an alias, a local folder nor
+    a hub id (cached, so offline runs work, or downloadable) fails here with one sentence instead of a
+    traceback about connecting to the hub."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:  # transformers raises OSError for an unknown id or a path-like name
+        reason = " ".join(str(exc).split())
+        if Path(path).is_dir():
+            raise ModelError(f"{path}: not a model folder ({reason})") from None
+        if not isinstance(exc, OSError):  # e.g. a cached hub model that needs --trust_remote_code
+            raise
+        aliases = ", ".join(sorted({a for a in ALIASES if "/" not in a}))
+        raise ModelError(f"model '{name}' is neither an alias ({aliases}), a local folder nor a Hugging Face hub "
+                         f"id in the local cache (HF_HOME) or reachable online ({reason})") from None
+
+
+def pooling_for(path: str, trust_remote_code: bool = False) -> str:
+    """Default pooling of a model: ``mean`` for known encoder types, ``eos`` for everything else."""
+    config = model_config(path, path, trust_remote_code)
     return "mean" if config.model_type in ENCODER_MODEL_TYPES else "eos"
 
 
 def resolve_model(name_or_path: str, pooling: str | None = None, trust_remote_code: bool = False) -> ModelSpec:
-    """Resolve a model argument (alias, local folder or HF id) into a :class:`ModelSpec`."""
+    """Resolve a model argument (alias, local folder or HF id) into a :class:`ModelSpec`; its config is read here,
+    so a wrong name fails before the tokenizer or the weights are touched."""
     alias = ALIASES.get(name_or_path, ALIASES.get(name_or_path.lower()))
     if alias == "smollm2-135m":
         path = str(smollm2_folder())
@@ -143,5 +161,7 @@ def resolve_model(name_or_path: str, pooling: str | None = None, trust_remote_co
         path = name_or_path
     if pooling not in (None, "", "auto") and pooling not in ("eos", "mean"):
         raise ModelError(f"unknown pooling '{pooling}' (expected eos or mean)")
-    chosen = pooling if pooling in ("eos", "mean") else pooling_for(path, trust_remote_code)
+    config = model_config(name_or_path, path, trust_remote_code)
+    chosen = pooling if pooling in ("eos", "mean") else (
+        "mean" if config.model_type in ENCODER_MODEL_TYPES else "eos")
     return ModelSpec(name=name_or_path, path=path, pooling=chosen)

@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from helpers_train import synthetic_pairs, write_jsonl
-from repair.data import read_json, read_jsonl
+from repair.data import DataError, read_json, read_jsonl
 from repair.encoding import Retriever
-from repair.train import TrainConfig, list_checkpoints, mean_loss, train, training_finished
+from repair.train import (TrainConfig, list_checkpoints, mean_loss, train, training_finished,
+                          uses_activation_checkpointing)
 from repair.train_data import load_training_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -259,6 +260,21 @@ def test_bad_lora_target_is_a_clear_error(tiny_model_dir, data_files, tmp_path):
         train(cli_config(base_argv(tiny_model_dir, data_files, tmp_path / "x", "--lora_target_modules", "query")))
 
 
+def test_gradient_checkpointing_auto_is_on_for_cpu_where_the_model_supports_it(tiny_model_dir):
+    """auto checkpoints on CPU too (the demo's memory); a model without support trains without it, and an
+    explicit ``on`` for such a model is a clear error instead of an AttributeError deep in the model."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(tiny_model_dir)
+    assert cli_config(["--output_dir", "x"]).gradient_checkpointing == "auto"
+    assert uses_activation_checkpointing(TrainConfig(output_dir="x"), model)
+    assert not uses_activation_checkpointing(TrainConfig(output_dir="x", gradient_checkpointing="off"), model)
+    unsupported = torch.nn.Linear(2, 2)
+    assert not uses_activation_checkpointing(TrainConfig(output_dir="x"), unsupported)
+    with pytest.raises(ValueError, match="Linear does not support gradient checkpointing"):
+        uses_activation_checkpointing(TrainConfig(output_dir="x", gradient_checkpointing="on"), unsupported)
+
+
 @pytest.mark.slow
 def test_torchrun_two_cpu_ranks_train_like_one_process(tiny_model_dir, data_files, tmp_path):
     """The CLI under torchrun (gloo): 2 ranks, gathered negatives, summed gradients, rank-0 checkpoints. Without
@@ -289,3 +305,19 @@ def test_torchrun_two_cpu_ranks_train_like_one_process(tiny_model_dir, data_file
     single_log, multi_log = read_jsonl(single / "train_log.jsonl"), read_jsonl(multi / "train_log.jsonl")
     for a, b in zip(single_log, multi_log):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
+
+
+class _NotAllowed:  # a pickled class: what weights_only loading refuses
+    pass
+
+
+def test_a_checkpoint_refused_by_weights_only_is_named(tiny_model_dir, data_files, tmp_path):
+    """Resuming from a checkpoint file that holds more than tensors stops with the file's path in one line (issue 18:
+    the bare torch message is a paragraph about trusting the source, with no path)."""
+    argv = base_argv(tiny_model_dir, data_files, tmp_path / "run", "--save_steps", "1")
+    assert train(cli_config(argv + ["--stop_after_steps", "1"]))["status"] == "stopped"
+    ckpt = list_checkpoints(tmp_path / "run")[-1]
+    torch.save({"rng": _NotAllowed()}, ckpt / "scheduler.pt")
+    with pytest.raises(DataError) as exc:
+        train(cli_config(argv + ["--resume"]))
+    assert str(ckpt / "scheduler.pt") in str(exc.value) and "\n" not in str(exc.value)

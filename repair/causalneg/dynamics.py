@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..data import DataError, iter_jsonl
+from ..data import DataError, iter_jsonl, load_torch_file
 from . import GENERATED, MINED
 
 logger = logging.getLogger(__name__)
@@ -185,7 +185,7 @@ def probe_run(run_dir: str | Path, n: int = 16, device: str | None = None) -> li
     out = []
     for step, ckpt in points:
         if ckpt is not None:
-            weights = torch.load(ckpt / "trainable.pt", map_location="cpu", weights_only=True)
+            weights = load_torch_file(ckpt / "trainable.pt")
             if set(weights) != set(params):
                 raise DataError(f"{ckpt}/trainable.pt does not hold this run's trainable parameters")
             with torch.no_grad():
