@@ -30,6 +30,7 @@ from repair.query_generation import build_prompt  # noqa: E402
 from repair.sources import ResponseCache  # noqa: E402
 from repair.sources.local_corpus import LocalCorpus  # noqa: E402
 from repair.sources.semantic_scholar import SemanticScholar  # noqa: E402
+from repair.tables import text_table  # noqa: E402
 
 CONCEPTS = [["BCL-2", "venetoclax"], ["cyclin D1", "mantle cell lymphoma"], ["TiO2"], ["APOE4", "amyloid"],
             ["LRRK2"], ["FGF21", "diet-induced"], ["PD-1", "CD8"], ["STING", "DNA"]]
@@ -119,10 +120,8 @@ def main(argv=None) -> None:
     if args.corpus:
         rows += bench_local(args.corpus, args.queries)
     rows += bench_cache(50, args.latency)
-    width = max(len(r[0]) for r in rows)
-    print(f"{'what':<{width}}  {'seconds':>8}  note")
-    for what, secs, note in rows:
-        print(f"{what:<{width}}  {secs:>8.2f}  {note}")
+    print(text_table([(what, f"{secs:8.2f}", note) for what, secs, note in rows], ("what", "seconds", "note"),
+                     align="lrl"))
 
 
 if __name__ == "__main__":

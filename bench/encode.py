@@ -25,13 +25,14 @@ import torch.nn.functional as F  # noqa: E402
 
 from repair.data import load_beir  # noqa: E402
 from repair.encoding import Retriever, last_token_pool  # noqa: E402
+from repair.models import DEFAULT_MODEL  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="../shared/data/scifact", help="BEIR folder whose corpus provides passages")
-    p.add_argument("--model", default="smollm2-135m", help="model alias / folder / HF id (default: %(default)s)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="model alias / folder / HF id (default: %(default)s)")
     p.add_argument("--n", type=int, default=256, help="number of passages (default: %(default)s)")
     p.add_argument("--max_length", type=int, default=256, help="max tokens (default: %(default)s)")
     p.add_argument("--batch_size", type=int, default=32, help="batch size for every contender (default: %(default)s)")

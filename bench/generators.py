@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from repair.generation import DEFAULT_SAMPLING, HFGenerator, OpenAIGenerator  # noqa: E402
 from repair.query_generation import build_prompt, clean_query, sample_concepts  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
+from repair.tables import markdown_table  # noqa: E402
 from repair.text import content_words  # noqa: E402
 
 logger = logging.getLogger("bench.generators")
@@ -207,15 +208,14 @@ def run_config(key: str, prompts_kind: list[str], sets: list[list[str]], threads
 
 
 def table(results: dict[str, dict]) -> str:
-    head = ("| model | backend | batch | threads | prompt | tok/s | s/query | usable | usable, all concepts | "
-            "load avg (before/after) |\n|---|---|---|---|---|---|---|---|---|---|")
-    lines = [head]
+    rows = []
     for r in results.values():
         full = sum(row["verdict"] == "ok" and mentions_all(row["query"], row["concepts"]) for row in r["rows"])
-        lines.append(f"| {r['model']} | {r['backend']} | {r['batch']} | {r['threads']} | {r['prompt']} | "
-                     f"{r['tokens_per_s']:.2f} | {r['s_per_query']:.1f} | {r['usable']}/{r['n']} | {full}/{r['n']} | "
-                     f"{r['load_avg_before']} / {r['load_avg_after']} |")
-    return "\n".join(lines)
+        rows.append([r["model"], r["backend"], r["batch"], r["threads"], r["prompt"], f"{r['tokens_per_s']:.2f}",
+                     f"{r['s_per_query']:.1f}", f"{r['usable']}/{r['n']}", f"{full}/{r['n']}",
+                     f"{r['load_avg_before']} / {r['load_avg_after']}"])
+    return markdown_table(["model", "backend", "batch", "threads", "prompt", "tok/s", "s/query", "usable",
+                           "usable, all concepts", "load avg (before/after)"], rows)
 
 
 DEFAULT_CONFIGS = ["hf:smollm2-135m:8", "server:smollm2-135m", "hf:qwen2.5-coder-0.5b:8", "server:qwen2.5-coder-0.5b",

@@ -337,7 +337,8 @@ def section_train(device: str, config, work: Path, seq_len: int, global_batch: i
     import torch
 
     from repair.data import read_json, read_jsonl, write_jsonl
-    from repair.train import TrainConfig, train
+    from repair.train import train
+    from repair.train_config import TrainConfig
 
     model_dir, out_dir = work / "train_model", work / "train_out"
     for folder in (model_dir, out_dir):

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repair.cli import add_retriever_args, fail, load_retriever  # noqa: E402
 from repair.data import DataError  # noqa: E402
-from repair.causalneg.diagnostics import (diagnose, dump, embed_set, markdown_table, plot_clusters,  # noqa: E402
+from repair.causalneg.diagnostics import (diagnose, diagnostics_table, dump, embed_set, plot_clusters,  # noqa: E402
                                           plot_similarities, read_negative_sets)
 from repair.causalneg.dynamics import plot_dynamics, probe_run, read_train_log, weight_dynamics  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
@@ -99,16 +99,16 @@ def main(argv=None) -> dict:
         plot_dynamics(dynamics, out_dir / "dynamics.png")
     md = [f"# Negative diagnostics\n", f"Triplets: {', '.join(args.triplets)}; {res['n_queries']} queries; "
           f"retriever {args.model}; mean cos(q, d+) = {res['positive_similarity']:.3f}.\n",
-          markdown_table(res["rows"]), ""]
+          diagnostics_table(res["rows"]), ""]
     for name, run in dynamics.items():
         if run.get("weights"):
-            md += [f"\n## Softmax weight per negative, {name}\n", markdown_table(run["weights"], (
+            md += [f"\n## Softmax weight per negative, {name}\n", diagnostics_table(run["weights"], (
                 ("step_from", "from step", "{}"), ("step_to", "to step", "{}"),
                 ("weight_mined", "weight mined", "{:.3g}"), ("weight_generated", "weight generated", "{:.3g}"),
                 ("weight_ratio", "gen / mined", "{:.3g}"), ("sim_mined", "sim mined", "{:.3f}"),
                 ("sim_generated", "sim generated", "{:.3f}")))]
         if run.get("probes"):
-            md += [f"\n## Gradient probe, {name}\n", markdown_table(run["probes"], (
+            md += [f"\n## Gradient probe, {name}\n", diagnostics_table(run["probes"], (
                 ("step", "checkpoint step", "{}"), ("grad_norm_ratio", "grad-norm ratio gen / mined", "{:.3g}"),
                 ("align_pos_generated", "cos(g+, g_gen)", "{:.3f}"), ("align_pos_mined", "cos(g+, g_mined)", "{:.3f}"),
                 ("weight_ratio", "weight ratio gen / mined", "{:.3g}")))]
@@ -119,7 +119,7 @@ def main(argv=None) -> dict:
                             "pca_dims": args.pca_dims, "template_words": args.template_words},
                "seconds": round(time.time() - t0, 1)}
     dump(out_dir / "diagnostics.json", summary)
-    print(markdown_table(res["rows"]), file=sys.stderr)
+    print(diagnostics_table(res["rows"]), file=sys.stderr)
     print(json.dumps({"out_dir": str(out_dir), "groups": [r["group"] for r in res["rows"]],
                       "seconds": summary["seconds"]}))
     return summary

@@ -23,10 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from repair.models import DEFAULT_MODEL  # noqa: E402
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m", help="base model (alias, folder or HF id)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="base model (alias, folder or HF id)")
     p.add_argument("--data", required=True, help="BEIR folder whose --split pairs are the training data")
     p.add_argument("--split", default="train", help="qrels split (default: %(default)s)")
     p.add_argument("--steps", type=int, default=2, help="optimizer steps timed per side (default: %(default)s)")
@@ -56,7 +58,8 @@ def _pairs(args) -> tuple[list[str], list[str]]:
 
 def run_ours(args) -> dict:
     from repair.data import read_jsonl, write_jsonl
-    from repair.train import TrainConfig, train
+    from repair.train import train
+    from repair.train_config import TrainConfig
 
     queries, passages = _pairs(args)
     with tempfile.TemporaryDirectory() as tmp:

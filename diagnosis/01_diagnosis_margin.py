@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import run_script  # noqa: E402
+from repair.cli import add_retriever_args, run_script  # noqa: E402
 from repair.diagnosis_stages import print_summary, run_margins  # noqa: E402
 from repair.encoding import Retriever  # noqa: E402
 from repair.runtime import cache_dir_flag, setup_logging  # noqa: E402
@@ -42,28 +42,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="qrels split when --train_pt is a BEIR folder (default: %(default)s)")
     p.add_argument("--out_dir", default=os.environ.get("DIA_OUT_DIR"),
                    help="diagnosis output folder (default: $DIA_OUT_DIR)")
-    p.add_argument("--model", default="smollm2-135m",
-                   help="base retriever: HF id, local folder, or alias smollm2-135m | minilm (default: %(default)s)")
-    p.add_argument("--adapter", default=None, help="LoRA adapter folder of the current iteration (optional)")
-    p.add_argument("--pooling", default=None, choices=["eos", "mean"], help="override the model's pooling profile")
+    add_retriever_args(p, cache_help="embedding cache folder: per-text vectors, normfp16 caches, top-k "
+                                     "(default: <out_dir>/cache); 'none' disables the per-text vector cache (the "
+                                     "normfp16 caches and top-k, which 03 reads, still go to <out_dir>/cache)")
     p.add_argument("--instruction", default=None,
                    help="query instruction (default: 'Given a query, retrieve passages that are relevant to "
                         "the query.')")
     p.add_argument("--top_k", type=int, default=50,
                    help="hits searched per query over all T0 passages (default: %(default)s)")
-    p.add_argument("--max_length", type=int, default=512, help="max tokens per text incl. EOS (default: %(default)s)")
-    p.add_argument("--batch_size", type=int, default=32, help="texts per forward pass (default: %(default)s)")
-    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
     p.add_argument("--pct", type=int, nargs="+", default=[30],
                    help="percentile(s) of the margin distribution that define Q_conf, e.g. --pct 30 or "
                         "--pct 10 30 40 (default: %(default)s)")
-    p.add_argument("--cache_dir", default=None,
-                   help="embedding cache folder: per-text vectors, normfp16 caches, top-k "
-                        "(default: <out_dir>/cache); 'none' disables the per-text vector cache (the normfp16 "
-                        "caches and top-k, which 03 reads, still go to <out_dir>/cache)")
     p.add_argument("--search_backend", default="auto", choices=["auto", "faiss", "torch"],
                    help="exact search backend: faiss on GPU, torch matmul on CPU when auto (default: %(default)s)")
-    p.add_argument("--trust_remote_code", action="store_true", help="allow model code from the model folder/hub")
     p.add_argument("--force", action="store_true",
                    help="recompute the normfp16 caches, the search and all outputs even when they match")
     p.add_argument("--log_level", default="INFO", help="logging level (default: %(default)s)")

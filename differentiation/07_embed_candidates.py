@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import run_script  # noqa: E402
+from repair.cli import add_retriever_args, run_script  # noqa: E402
 from repair.embedding_dir import EmbedConfig, launch_embedding  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
 
@@ -35,22 +35,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num_gpus", type=int, default=1,
                    help="worker processes, one per GPU (on CPU: gloo workers); ignored under torchrun "
                         "(default: %(default)s)")
-    p.add_argument("--model", default="smollm2-135m",
-                   help="base model: HF id, local folder, or alias smollm2-135m | minilm (default: %(default)s)")
-    p.add_argument("--adapter", default=None, help="LoRA adapter folder of the current retriever")
-    p.add_argument("--pooling", default=None, choices=["eos", "mean"], help="override the model's pooling profile")
-    p.add_argument("--max_length", type=int, default=512, help="max tokens per text incl. EOS (default: %(default)s)")
-    p.add_argument("--batch_size", type=int, default=32, help="texts per forward pass (default: %(default)s)")
+    add_retriever_args(p, cache_help="embedding cache folder (default: <output_dir>/cache); 'none' disables it "
+                                     "(one process only)")
     p.add_argument("--max_tokens", type=int, default=None, help="optional padded-token budget per forward pass")
-    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
-    p.add_argument("--cache_dir", default=None,
-                   help="embedding cache folder (default: <output_dir>/cache); 'none' disables it (one process only)")
     p.add_argument("--instruction", default=None,
                    help="query instruction (default: the training instruction of the retriever's text format)")
     p.add_argument("--chunk", type=int, default=65536,
                    help="texts per encode call, bounds memory; a killed run keeps what the cache flushed "
                         "(default: %(default)s)")
-    p.add_argument("--trust_remote_code", action="store_true", help="allow model code from the model folder/hub")
     p.add_argument("--log_level", default="INFO", help="logging level (default: %(default)s)")
     return p.parse_args(argv)
 

@@ -23,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from repair.cli import run_script  # noqa: E402
 from repair.data import write_json, write_jsonl  # noqa: E402
 from repair.embedding_dir import EmbeddingDir  # noqa: E402
-from repair.hard_negatives import format_table, select_hard_negatives  # noqa: E402
+from repair.hard_negatives import select_hard_negatives  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
+from repair.tables import text_table  # noqa: E402
 from repair.tuples import load_tuples  # noqa: E402
 
 
@@ -58,7 +59,7 @@ def main(argv=None) -> dict:
     write_json(stats_path, {"input": args.input_jsonl, "embedding_dir": args.embedding_dir,
                             "output": args.output_jsonl, **stats})
     load = stats["load"]
-    print(format_table([
+    print(text_table([
         ("tuples (after merging repeats)", f"{stats['tuples']} ({load['merged_duplicate_tuples']} repeats merged)"),
         ("candidates read / kept", f"{load['candidates_read']} / {stats['candidates']}"),
         ("  removed: empty / duplicate", f"{load['empty_candidates']} / {load['duplicate_candidates']}"),
@@ -68,7 +69,7 @@ def main(argv=None) -> dict:
         ("tuples without candidates", stats["no_candidates"] + stats["no_candidates_after_guard"]),
         ("pos score (mean/min/max)", _mmm(stats["pos_score"])),
         ("top-1 negative score (mean/min/max)", _mmm(stats["top1_score"])),
-    ]))
+    ], indent="  "))
     print(f"08: wrote {stats['written']} of {stats['tuples']} tuples with {stats['negatives_written']} hard "
           f"negatives (top_k {args.top_k}) to {args.output_jsonl} in {stats['seconds']} s", flush=True)
     return stats

@@ -24,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from repair.cli import run_script  # noqa: E402
 from repair.data import write_json, write_jsonl  # noqa: E402
 from repair.embedding_dir import EmbeddingDir  # noqa: E402
-from repair.hard_negatives import check_kappa, consistency_filter, format_table  # noqa: E402
+from repair.hard_negatives import check_kappa, consistency_filter  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
+from repair.tables import text_table  # noqa: E402
 from repair.tuples import load_tuples  # noqa: E402
 
 
@@ -83,7 +84,7 @@ def main(argv=None) -> dict:
     stats_path = args.stats_json or str(out.with_suffix(".stats.json"))
     write_json(stats_path, {"input": args.input_jsonl, "embedding_dir": args.embedding_dir, "output": str(out),
                             **stats})
-    print(format_table([
+    print(text_table([
         ("pool / kappa / top_k", f"{stats['pool']} / {stats['consistency_k']} / {stats['top_k']}"),
         ("processed", stats["processed"]),
         ("kept", stats["kept"]),
@@ -92,7 +93,7 @@ def main(argv=None) -> dict:
         ("rank(d+) histogram", " ".join(f"{k}:{v}" for k, v in stats["pos_rank_histogram"].items())),
         ("pos / d- score of kept (mean)", f"{stats['pos_score_kept'].get('mean', '-')} / "
                                           f"{stats['d_neg_score_kept'].get('mean', '-')}"),
-    ]))
+    ], indent="  "))
     print(f"09: processed {stats['processed']}, kept {stats['kept']}, dropped {stats['dropped']} "
           f"(kept rate {stats['kept_rate']:.2%}) -> {out}", flush=True)
     return stats

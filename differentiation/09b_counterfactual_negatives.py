@@ -38,6 +38,7 @@ from repair.causalneg.generate import POSITIONS, GenerationSettings  # noqa: E40
 from repair.causalneg.inputs import CorpusNegatives, load_items  # noqa: E402
 from repair.causalneg.pipeline import CONFIGS, METHODS, MINED_FROM, run_negatives  # noqa: E402
 from repair.runtime import setup_logging  # noqa: E402
+from repair.tables import text_table  # noqa: E402
 
 S = GenerationSettings.__dataclass_fields__
 
@@ -152,8 +153,7 @@ def main(argv=None) -> dict:
             ("generated: failed after retries", gen["negatives_failed"]),
             ("decompositions failed", gen["items_failed_decompose"]),
             ("generator outputs rejected", sum(sum(c.values()) for c in gen["rejected"].values()))]
-    width = max(len(r[0]) for r in rows)
-    print("\n".join(f"  {name:<{width}}  {value}" for name, value in rows), file=sys.stderr)
+    print(text_table(rows, indent="  "), file=sys.stderr)
     print(f"  trainer flags: {' '.join(result['trainer_flags'])}", file=sys.stderr)
     print(json.dumps(result))
     return result

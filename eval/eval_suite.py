@@ -65,14 +65,15 @@ def main(argv=None) -> dict:
     if not ready:
         fail("no benchmark left to evaluate")
     retriever = load_retriever(args)
-    report = {**model_fields(args, retriever), "scale": "percent" if args.percent else "fraction",
+    model = model_fields(retriever)
+    report = {**model, "scale": "percent" if args.percent else "fraction",
               "split": args.split, "results": [], "summary": {},
               "skipped": [s.name for s in specs if s not in ready]}
     for spec in ready:
         logger.info("evaluating %s (%s) from %s", spec.name, spec.task, spec.path)
         row = evaluate_dataset(retriever, spec, split=args.split, top_k=args.top_k, sts_format=args.sts_format,
                                batch_size=args.batch_size)
-        row = {**row, "model": args.model, "adapter": args.adapter, "scale": "fraction"}
+        row = {**row, "model": model["model"], "adapter": model["adapter"], "scale": "fraction"}
         if args.percent:
             row = scale_metrics(row)
         print(json.dumps(row), flush=True)
@@ -82,7 +83,7 @@ def main(argv=None) -> dict:
         if args.output:
             write_json(args.output, report)
     print(results_table(report["results"]), flush=True)
-    label = args.model + (f" + {args.adapter}" if args.adapter else "")
+    label = model["model"] + (f" + {model['adapter']}" if model["adapter"] else "")
     print(f"evaluated {len(report['results'])} benchmark(s) with {label}"
           + (f"; results in {args.output}" if args.output else ""), flush=True)
     return report

@@ -96,7 +96,7 @@ def main(argv=None, task: str | None = None, description: str | None = None) -> 
     row = evaluate_dataset(retriever, spec, split=args.split, instruction=args.instruction, top_k=args.top_k,
                            candidates=args.candidates, doc_text=args.doc_text, sts_format=args.sts_format,
                            batch_size=args.batch_size, relevance_level=args.relevance_level)
-    result = {**row, **model_fields(args, retriever), "scale": "fraction"}
+    result = {**row, **model_fields(retriever), "scale": "fraction"}
     if args.percent:
         result = scale_metrics(result)
     print(json.dumps(result), flush=True)

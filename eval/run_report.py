@@ -18,7 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import run_script, split_adapter  # noqa: E402
+from repair.cli import run_script  # noqa: E402
+from repair.models import adapter_base  # noqa: E402
 from repair.report import (  # noqa: E402
     ReportError,
     collect,
@@ -33,7 +34,7 @@ from repair.report import (  # noqa: E402
 def final_retriever_line(folder: Path) -> str:
     """The run's last model as a user loads it: an adapter names its base (README: loading an adapter)."""
     if (folder / "adapter_config.json").exists():
-        base, _ = split_adapter(str(folder), None)
+        base = adapter_base(folder)
         return f"final retriever: ADAPTER={folder} on BASE={base} (README: loading an adapter)"
     return f"final retriever: the model folder {folder}"
 

@@ -1,6 +1,6 @@
 """Command-line pieces every script shares: the one entry point (:func:`run_script`: a user error ends in one
-``error:`` line on stderr and exit status 2, the traceback only with ``--debug``), the model flags and the
-retriever they describe.
+``error:`` line on stderr and exit status 2, the traceback only with ``--debug``), the one group of retriever flags
+(:func:`add_retriever_args`, the trainer's included) and the retriever they describe.
 
 This module imports no torch at import time: the API stages (06) use :func:`run_script` and start in a fraction of
 a second.
@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 
+from .models import DEFAULT_MODEL
 from .runtime import cache_dir_flag, cache_root
 
 if TYPE_CHECKING:
@@ -32,23 +33,34 @@ USER_ERROR_CLASSES = (
 )
 
 
-def add_retriever_args(parser: argparse.ArgumentParser, default_model: str = "smollm2-135m") -> None:
-    """``--model`` (alias ``--model_path``), ``--adapter``, ``--max_length``, ``--batch_size``, ``--pooling``,
-    ``--device``, ``--cache_dir``, ``--trust_remote_code``."""
+CACHE_HELP = "embedding cache folder (default: $REPAIR_CACHE/embeddings); 'none' disables it"
+
+
+def add_retriever_args(parser: argparse.ArgumentParser, default_model: str = DEFAULT_MODEL, *,
+                       default_max_length: int = 512, encoding: bool = True,
+                       cache_help: str = CACHE_HELP) -> argparse._ArgumentGroup:
+    """The retriever flags, one group ``model`` in every script: ``--model`` (alias ``--model_path``),
+    ``--pooling``, ``--max_length``, ``--trust_remote_code``; for a script that encodes (``encoding``) also
+    ``--adapter``, ``--batch_size``, ``--device``, ``--cache_dir`` (``cache_help`` says where its cache goes). The
+    trainer passes ``encoding=False`` and adds its own flags (``--init_adapter``, LoRA) to the returned group."""
     g = parser.add_argument_group("model")
     g.add_argument("--model", "--model_path", dest="model", default=default_model,
                    help="base model: HF id, local folder, or alias smollm2-135m (EOS pooling, instruction format) "
-                        "| minilm (mean pooling, plain text); a LoRA adapter folder given here is read as --adapter "
-                        "on its base model (default: %(default)s)")
-    g.add_argument("--adapter", default=None, help="LoRA adapter folder to apply on the base model")
-    g.add_argument("--max_length", type=int, default=512, help="max tokens per text incl. EOS (default: %(default)s)")
-    g.add_argument("--batch_size", type=int, default=32, help="texts per forward pass (default: %(default)s)")
+                        "| minilm (mean pooling, plain text); a LoRA adapter folder given here is loaded on its base "
+                        "model, the one its adapter_config.json names (default: %(default)s)")
+    if encoding:
+        g.add_argument("--adapter", default=None, help="LoRA adapter folder to apply on the base model")
+    g.add_argument("--max_length", type=int, default=default_max_length,
+                   help="max tokens per text incl. EOS (default: %(default)s)")
+    if encoding:
+        g.add_argument("--batch_size", type=int, default=32, help="texts per forward pass (default: %(default)s)")
     g.add_argument("--pooling", default=None, choices=["eos", "mean"],
                    help="override the model's pooling profile (default: eos for decoders, mean for encoders)")
-    g.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
-    g.add_argument("--cache_dir", default=None,
-                   help="embedding cache folder (default: $REPAIR_CACHE/embeddings); 'none' disables it")
+    if encoding:
+        g.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
+        g.add_argument("--cache_dir", default=None, help=cache_help)
     g.add_argument("--trust_remote_code", action="store_true", help="allow model code from the model folder/hub")
+    return g
 
 
 def embedding_cache_dir(value: str | None) -> Path | None:
@@ -56,35 +68,19 @@ def embedding_cache_dir(value: str | None) -> Path | None:
     return cache_dir_flag(value, cache_root() / "embeddings")
 
 
-def split_adapter(model: str, adapter: str | None) -> tuple[str, str | None]:
-    """Accept an adapter folder passed as the model (REPAIR's eval_mesh.py did: it read the base model from
-    ``adapter_config.json``); returns (base model, adapter)."""
-    folder = Path(model)
-    if adapter is None and (folder / "adapter_config.json").exists():
-        import json
-
-        base = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
-        if not base:
-            fail(f"{folder / 'adapter_config.json'}: field 'base_model_name_or_path' is missing; pass --model BASE "
-                 f"--adapter {folder}")
-        return base, str(folder)
-    return model, adapter
-
-
 def load_retriever(args: argparse.Namespace) -> Retriever:
-    """The retriever the model flags describe."""
+    """The retriever the model flags describe (an adapter folder given as ``--model`` loads on its base)."""
     from .encoding import Retriever
 
-    model, adapter = split_adapter(args.model, args.adapter)
-    args.model, args.adapter = model, adapter
-    return Retriever.load(model, adapter, pooling=args.pooling, max_length=args.max_length, device=args.device,
-                          cache_dir=embedding_cache_dir(args.cache_dir), trust_remote_code=args.trust_remote_code,
-                          batch_size=args.batch_size)
+    return Retriever.load(args.model, args.adapter, pooling=args.pooling, max_length=args.max_length,
+                          device=args.device, cache_dir=embedding_cache_dir(args.cache_dir),
+                          trust_remote_code=args.trust_remote_code, batch_size=args.batch_size)
 
 
-def model_fields(args: argparse.Namespace, retriever: Retriever) -> dict:
-    """What a result file says about the model that produced it."""
-    return {"model": args.model, "adapter": args.adapter, "pooling": retriever.pooling,
+def model_fields(retriever: Retriever) -> dict:
+    """What a result file says about the model that produced it: the base and adapter it was loaded from."""
+    spec = retriever.spec
+    return {"model": spec.name, "adapter": spec.adapter, "pooling": retriever.pooling,
             "max_length": retriever.max_length, "fingerprint": retriever.fingerprint()}
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .data import JsonlAppender, iter_jsonl, write_jsonl
+from .data import JsonlAppender, iter_appended_jsonl, iter_jsonl, write_jsonl
 from .sources.base import LiteratureSource, Paper, cap_query
 from .verification import VerificationStats, check_new_outputs, read_status, status_path_for, verify_items
 
@@ -35,10 +35,7 @@ def run_concept_mode(source: LiteratureSource, concepts: list[str], out_jsonl: s
     out_jsonl = Path(out_jsonl)
     status_path = Path(status_path) if status_path else status_path_for(out_jsonl)
     check_new_outputs(out_jsonl, status_path, resume)
-    written: set[str] = set()
-    if out_jsonl.exists():
-        JsonlAppender(out_jsonl).close()
-        written = {rec["concept"].lower() for rec in iter_jsonl(out_jsonl, required={"concept": str})}
+    written = {rec["concept"].lower() for rec in iter_appended_jsonl(out_jsonl, required={"concept": str})}
     refused = {c.lower() for c, st in read_status(status_path).items() if st["status"] == "refused"}
     todo = [c for c in concepts if c.lower() not in written | refused]
     stats = VerificationStats(valid_before=len(written), skipped_done=len(concepts) - len(todo))

@@ -46,14 +46,8 @@ def confused_query_tuples(dia_out_dir: str | os.PathLike, pct: int, *, train_pt:
     """
     if top_neg_n < 1:
         raise ValueError(f"top_neg_n must be >= 1, got {top_neg_n}")
-    meta, cpath = dg.check_confused(dia_out_dir, pct)
-    records = dg.read_margin_records(cpath)
-    train_pt = train_pt or meta.get("train_pt")
-    split = split or meta.get("split", "train")
-    seed = load_seed(train_pt, split)
-    if dg.seed_digest(seed) != meta["t0"]["sha256"]:
-        raise dg.RunMismatchError(f"{train_pt}: not the training set diagnosis run {meta['run_key']} used "
-                                  f"({meta.get('train_pt')}); document indices would not line up")
+    run = dg.open_confused_run(dia_out_dir, pct, train_pt, split)
+    cpath, records, seed, train_pt, split = run.path, run.records, run.seed, run.train_pt, run.split
     # every positive a query text has anywhere in the training data (BEIR: all qrels positives, not only T0's first)
     known: dict[str, set[str]] = {}
     every = load_seed(train_pt, split, all_positives=True)

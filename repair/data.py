@@ -4,13 +4,16 @@
   BEIR folder + split;
 - BEIR folders (``corpus.jsonl[.gz]``, ``queries.jsonl[.gz]``, ``qrels/<split>.tsv[.gz]``);
 - a validating JSONL reader whose errors name the file, line and field;
-- an atomic JSONL/JSON writer (temp file + rename) and a flushed line appender for resumable stages.
+- an atomic JSONL/JSON writer (temp file + rename), a flushed line appender for resumable stages and the reader
+  of what it wrote (a partial last line skipped);
+- the sha256 fingerprint of a file.
 """
 
 from __future__ import annotations
 
 import csv
 import gzip
+import hashlib
 import io
 import json
 import logging
@@ -120,16 +123,21 @@ def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
 
 def iter_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
                optional: dict[str, Any] | None = None, skip_blank: bool = True,
-               with_lineno: bool = False) -> Iterator[Any]:
+               with_lineno: bool = False, skip_partial_last: bool = False) -> Iterator[Any]:
     """Yield validated objects from a JSONL file (``.gz`` allowed). Errors name file, line and field.
 
     ``with_lineno=True`` yields ``(line_number, object)`` so callers that check nested fields themselves can
-    name the line too.
+    name the line too. ``skip_partial_last=True``: a last line without its newline is skipped, not parsed
+    (:func:`iter_appended_jsonl`).
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     for lineno, line in numbered_lines(path):
+        if skip_partial_last and not line.endswith("\n"):  # only the last line can lack it
+            logger.info("%s:%d: skipping an incomplete last line (its writer was interrupted or is still writing)",
+                        path, lineno)
+            return
         if not line.strip():
             if skip_blank:
                 continue
@@ -145,6 +153,26 @@ def iter_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
 def read_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
                optional: dict[str, Any] | None = None) -> list[dict]:
     return list(iter_jsonl(path, required, optional))
+
+
+def iter_appended_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
+                        optional: dict[str, Any] | None = None, with_lineno: bool = False) -> Iterator[Any]:
+    """The records of a file :class:`JsonlAppender` writes (resumable outputs, status files, a train log): a
+    missing file has none, and a last line without its newline -- left by a killed run, or being written right
+    now -- is skipped; every other line is validated as in :func:`iter_jsonl`. Nothing is written: the appender
+    cuts that line when it reopens the file, and a reader never truncates a file another process may append to."""
+    if Path(path).exists():
+        yield from iter_jsonl(path, required, optional, with_lineno=with_lineno, skip_partial_last=True)
+
+
+def file_sha256(path: str | os.PathLike, *, prefix: bytes = b"", chunk: int = 1 << 20) -> str:
+    """sha256 of ``prefix`` + the file's bytes, read in blocks (a corpus may not fit in memory): the fingerprint a
+    stage records for a file it read, and checks before it trusts one. ``prefix`` versions a fingerprint."""
+    digest = hashlib.sha256(prefix)
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _atomic_target(path: Path) -> Path:

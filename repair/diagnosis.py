@@ -23,7 +23,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .data import DataError, SeedSet, iter_jsonl, load_torch_file, read_json
+from .data import DataError, SeedSet, file_sha256, iter_jsonl, load_seed, load_torch_file, read_json
 from .search import exact_topk
 
 logger = logging.getLogger(__name__)
@@ -213,14 +213,6 @@ def read_margin_records(path: str | os.PathLike) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------ identity
-def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(chunk), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def seed_digest(seed: SeedSet) -> str:
     """Content hash of T0 (row order, queries and passages): what "the same training set" means."""
     digest = hashlib.sha256(str(len(seed)).encode())
@@ -319,6 +311,33 @@ def check_confused(dia_out_dir: str | os.PathLike, pct: int) -> tuple[dict, Path
         raise RunMismatchError(f"{path}: content differs from what diagnosis run {meta['run_key']} wrote "
                                f"(edited, or left by another run); rerun 01_diagnosis_margin.py")
     return meta, path
+
+
+@dataclass
+class ConfusedRun:
+    """What a stage after 01 reads of one diagnosis run at one percentile, checked to belong together."""
+
+    meta: dict            # 01's meta
+    path: Path            # the confused-query file of the percentile
+    records: list[dict]   # its margin records
+    seed: SeedSet         # T0, the training set the run diagnosed (the documents its indices point to)
+    train_pt: str
+    split: str
+
+
+def open_confused_run(dia_out_dir: str | os.PathLike, pct: int, train_pt: str | None = None,
+                      split: str | None = None) -> ConfusedRun:
+    """The confused queries of ``pct`` (:func:`check_confused`) and T0; ``train_pt``/``split`` default to the ones
+    01 recorded, and another training set is refused: the records' document indices would not line up."""
+    meta, path = check_confused(dia_out_dir, pct)
+    records = read_margin_records(path)
+    train_pt = train_pt or meta.get("train_pt")
+    split = split or meta.get("split", "train")
+    seed = load_seed(train_pt, split)
+    if seed_digest(seed) != meta["t0"]["sha256"]:
+        raise RunMismatchError(f"{train_pt}: not the training set diagnosis run {meta['run_key']} used "
+                               f"({meta.get('train_pt')}); document indices would not line up")
+    return ConfusedRun(meta, path, records, seed, train_pt, split)
 
 
 def check_recorded_file(path: Path, recorded: dict | None, producer: str) -> None:

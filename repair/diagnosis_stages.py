@@ -19,8 +19,9 @@ import numpy as np
 
 from . import diagnosis as dg
 from .ccs import compute_ccs, merge_cconf, referenced_docs
-from .data import DataError, load_seed, read_json, read_jsonl, write_json, write_jsonl, write_lines
+from .data import DataError, file_sha256, load_seed, read_json, read_jsonl, write_json, write_jsonl, write_lines
 from .finch import finch
+from .tables import text_table
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def final_terms_name(pct: int, ext: str) -> str:
 
 
 def _record(path: Path, **extra) -> dict:
-    return {"path": path.name, "sha256": dg.file_sha256(path), **extra}
+    return {"path": path.name, "sha256": file_sha256(path), **extra}
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -74,11 +75,8 @@ def write_text_atomic(path: Path, lines: Sequence[str]) -> None:
 
 
 def table(rows: Sequence[Sequence], header: Sequence[str]) -> str:
-    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[j]) for r in cells) for j in range(len(header))]
-    lines = [" | ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
-    lines.insert(1, "-+-".join("-" * w for w in widths))
-    return "\n".join(lines)
+    """The stages' log tables: right-aligned columns under a ``-+-`` rule (:func:`repair.tables.text_table`)."""
+    return text_table(rows, header, align="r", sep=" | ", rule="-+-")
 
 
 # ------------------------------------------------------------------------------------------ 01 margins
@@ -148,13 +146,13 @@ def run_margins(retriever, train_pt: str | os.PathLike, out_dir: str | os.PathLi
     margins_path = out_dir / dg.MARGINS_FILE
     old_margins = (old.get("outputs") or {}).get("all_margins")
     if not (same_run and margins_path.exists() and old_margins
-            and dg.file_sha256(margins_path) == old_margins.get("sha256")):
+            and file_sha256(margins_path) == old_margins.get("sha256")):
         write_jsonl(margins_path, dg.margin_records(result, seed.queries, range(n), twins))
     percentiles: dict[str, dict] = {}
     if same_run:  # percentiles asked for earlier in this very run stay valid
         for key, entry in (old.get("percentiles") or {}).items():
             path = out_dir / entry.get("output_jsonl", "")
-            if path.is_file() and dg.file_sha256(path) == entry.get("sha256"):
+            if path.is_file() and file_sha256(path) == entry.get("sha256"):
                 percentiles[key] = entry
     rows = []
     for p in pcts:
@@ -164,7 +162,7 @@ def run_margins(retriever, train_pt: str | os.PathLike, out_dir: str | os.PathLi
         if entry is None or entry.get("confused") != len(chosen):
             write_jsonl(path, dg.margin_records(result, seed.queries, chosen, twins))
             entry = {"threshold": thresholds[p], "confused": int(len(chosen)), "ratio": len(chosen) / n,
-                     "output_jsonl": path.name, "sha256": dg.file_sha256(path)}
+                     "output_jsonl": path.name, "sha256": file_sha256(path)}
         percentiles[str(p)] = entry
         rows.append((p, f"{entry['threshold']:.6f}", entry["confused"], f"{entry['ratio']:.3f}"))
     stale = sorted(f.name for f in out_dir.glob("confused_train_queries.bottom_*pct.cos.jsonl")
@@ -217,14 +215,8 @@ def run_pathA(dia_out_dir: str | os.PathLike, pct: int, out_dir: str | os.PathLi
     if top_neg_n < 1:
         raise ValueError("--top_neg_n must be >= 1")
     dia_out_dir, out_dir = Path(dia_out_dir), Path(out_dir)
-    meta, cpath = dg.check_confused(dia_out_dir, pct)
-    records = dg.read_margin_records(cpath)
-    train_pt = train_pt or meta.get("train_pt")
-    split = split or meta.get("split", "train")
-    seed = load_seed(train_pt, split)
-    if dg.seed_digest(seed) != meta["t0"]["sha256"]:
-        raise dg.RunMismatchError(f"{train_pt}: not the training set diagnosis run {meta['run_key']} used "
-                                  f"({meta.get('train_pt')}); document indices would not line up")
+    run = dg.open_confused_run(dia_out_dir, pct, train_pt, split)
+    meta, cpath, records, seed, train_pt = run.meta, run.path, run.records, run.seed, run.train_pt
     if doc_text not in ("passage", "title_passage"):
         raise ValueError(f"doc_text must be 'passage' or 'title_passage', got {doc_text!r}")
     docs = referenced_docs(records, top_neg_n)
@@ -250,7 +242,7 @@ def run_pathA(dia_out_dir: str | os.PathLike, pct: int, out_dir: str | os.PathLi
         "input_confused_jsonl": str(cpath.resolve()), "train_pt": str(Path(train_pt).resolve()),
         "out_dir": str(out_dir.resolve()), "diagnosis_run_key": meta["run_key"],
         "diagnosis_meta": str((dia_out_dir / dg.META_FILE).resolve()),
-        "confused_sha256": dg.file_sha256(cpath), "extractor": extractor.describe(),
+        "confused_sha256": file_sha256(cpath), "extractor": extractor.describe(),
         "note": ("CCS(e) = df(e; D-) / (df(e; D+) + eps) (Eq. 5). df='incidence' counts (confused query, "
                  "document) pairs, as the original; df='unique' counts distinct documents. D-(q) = the first "
                  "top_neg_n hits of q that are not positives (d+ or its twins). C_intra(q) = the concept of "
@@ -395,7 +387,7 @@ def run_pathB(dia_out_dir: str | os.PathLike, pct: int, out_dir: str | os.PathLi
         "levels": [{"level": k + 1, "num_clusters": int(p.max()) + 1 if p.size else 0} for k, p in enumerate(parts)],
         "cinter_level": cinter_level, "device": str(device or "cpu"), "train_query_cache": str(cache_path.resolve()),
         "patha_out_dir": str(patha_out_dir.resolve()), "diagnosis_run_key": meta["run_key"],
-        "patha": {"rank_json": rank_path.name, "per_query_neg_concepts_sha256": dg.file_sha256(pq_path)},
+        "patha": {"rank_json": rank_path.name, "per_query_neg_concepts_sha256": file_sha256(pq_path)},
         "num_clusters": len(clusters), "num_cinter_concepts": len({c["concept"] for c in clusters if c["concept"]}),
         "note": ("exact cosine 1-NN of each confused query (self excluded, ties -> lower index), undirected "
                  "1-NN graph, connected components; C_inter = the most frequent D- concept of the members "

@@ -23,7 +23,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .data import DataError, iter_jsonl, read_json, write_json, write_jsonl
+from .data import DataError, file_sha256, iter_jsonl, read_json, write_json, write_jsonl
+from .models import DEFAULT_MODEL
 from .runtime import cache_dir_flag, dist_info, free_port, process_group, setup_logging
 from .tuples import TupleSet, load_tuples
 
@@ -38,15 +39,6 @@ META_FILE = "meta.json"
 def text_sha1(text: str) -> str:
     """Row key of the embedding dir: sha1 of the raw (stripped) text, independent of the model's format."""
     return hashlib.sha1(text.encode("utf-8")).hexdigest()
-
-
-def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """Fingerprint of an input file, kept in meta.json so 08/09 can tell whether they read the file 07 embedded."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(chunk), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_embedding_dir(out_dir: str | os.PathLike, queries: Sequence[str], documents: Sequence[str],
@@ -184,7 +176,7 @@ class EmbedConfig:
 
     input_jsonl: list[str]
     output_dir: str
-    model: str = "smollm2-135m"
+    model: str = DEFAULT_MODEL
     adapter: str | None = None
     pooling: str | None = None
     max_length: int = 512

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .models import ModelSpec, resolve_model
+from .models import DEFAULT_MODEL, ModelSpec, resolve_model
 from .runtime import default_dtype, dist_info, pick_device
 
 logger = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ class Retriever:
     def __init__(self, model: torch.nn.Module, tokenizer, *, pooling: str = "eos", max_length: int = 512,
                  text_format: TextFormat | None = None, device: torch.device | str | None = None,
                  identity: dict | None = None, cache_dir: str | os.PathLike | None = None,
-                 batch_size: int = 32, name: str = ""):
+                 batch_size: int = 32, name: str = "", spec: ModelSpec | None = None):
         if pooling not in ("eos", "mean"):
             raise ValueError(f"pooling must be 'eos' or 'mean', got {pooling!r}")
         self.model = model
@@ -219,7 +219,8 @@ class Retriever:
         self.text_format = text_format or (EOS_FORMAT if pooling == "eos" else PLAIN_FORMAT)
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.batch_size = batch_size
-        self.name = name
+        self.spec = spec  # where the weights came from (set by load): base, adapter, pooling
+        self.name = name or (spec.name if spec else "")
         self.append_eos = pooling == "eos"
         if self.append_eos and tokenizer.eos_token_id is None:
             raise ValueError("EOS pooling needs a tokenizer with an eos_token_id")
@@ -240,39 +241,42 @@ class Retriever:
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def load(cls, model: str = "smollm2-135m", adapter: str | None = None, *, pooling: str | None = None,
-             max_length: int = 512, device: str | None = None, dtype: torch.dtype | None = None,
+    def load(cls, model: str = DEFAULT_MODEL, adapter: str | None = None, *, pooling: str | None = None,
+             max_length: int = 512, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
              trust_remote_code: bool = False, cache_dir: str | os.PathLike | None = None,
-             text_format: TextFormat | None = None, is_trainable: bool = False,
-             batch_size: int = 32) -> "Retriever":
-        """Load base model by HF id, local folder or alias (``smollm2-135m``, ``minilm``) + optional LoRA folder."""
+             text_format: TextFormat | None = None, batch_size: int = 32, trainable: bool = False) -> "Retriever":
+        """The one door to a retriever: base by HF id, local folder or alias (``smollm2-135m``, ``minilm``), or a LoRA
+        adapter folder standing for its base, + an optional LoRA folder (:func:`repair.models.resolve_model`).
+
+        ``dtype``: of the base weights (default bf16 on CUDA, fp32 on CPU). ``trainable``: the adapter's weights
+        require grad and the model is left in train mode, with no embedding cache (its weights are about to change);
+        the trainer (:func:`repair.train.build_retriever`) adds only what a fresh run needs (a new LoRA, activation
+        checkpointing).
+        """
         from transformers import AutoModel, AutoTokenizer
 
-        spec: ModelSpec = resolve_model(model, pooling, trust_remote_code)
+        if trainable and cache_dir is not None:
+            raise ValueError("a trainable retriever cannot use an embedding cache: its weights change")
+        spec: ModelSpec = resolve_model(model, pooling, trust_remote_code, adapter=adapter)
         dev = pick_device(device)
         dt = dtype or default_dtype(dev)
-        tok_source = spec.path
-        if adapter:
-            if not (Path(adapter) / "adapter_config.json").exists():
-                raise FileNotFoundError(f"{adapter}: not a LoRA adapter folder (no adapter_config.json)")
-            if (Path(adapter) / "tokenizer_config.json").exists():
-                tok_source = adapter
-        tokenizer = AutoTokenizer.from_pretrained(tok_source, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer_path, trust_remote_code=trust_remote_code)
         base = AutoModel.from_pretrained(spec.path, dtype=dt, trust_remote_code=trust_remote_code)
         if hasattr(base.config, "use_cache"):
             base.config.use_cache = False
         net = base
-        if adapter:
+        if spec.adapter:
             from peft import PeftModel
 
-            net = PeftModel.from_pretrained(base, adapter, is_trainable=is_trainable)
+            net = PeftModel.from_pretrained(base, spec.adapter, is_trainable=trainable)
         net.to(dev)
-        if not is_trainable:
-            net.eval()
-        identity = model_identity(spec.path, adapter, getattr(base.config, "_commit_hash", None))
-        identity["dtype"] = str(dt)
+        net.train(trainable)
+        identity = None
+        if not trainable:
+            identity = model_identity(spec.path, spec.adapter, getattr(base.config, "_commit_hash", None))
+            identity["dtype"] = str(dt)
         return cls(net, tokenizer, pooling=spec.pooling, max_length=max_length, text_format=text_format,
-                   device=dev, identity=identity, cache_dir=cache_dir, batch_size=batch_size, name=spec.name)
+                   device=dev, identity=identity, cache_dir=cache_dir, batch_size=batch_size, spec=spec)
 
     # ------------------------------------------------------------------ identity
     def cache_meta(self) -> dict:

@@ -34,6 +34,7 @@ from .data import BeirData, DataError, iter_jsonl, load_beir, open_text
 from .encoding import Retriever
 from .metrics import evaluate_run, run_from_topk, spearman
 from .search import exact_topk
+from .tables import text_table
 
 logger = logging.getLogger(__name__)
 
@@ -339,7 +340,4 @@ def results_table(rows: Iterable[dict]) -> str:
         head = r["headline"]
         others = "  ".join(f"{k}={_fmt(r[k])}" for k in metric_keys(r["task"]) if k != head and k in r)
         body.append([r["dataset"], r["task"], str(n), head, _fmt(r.get(head)), others])
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *body)] if body else [len(h) for h in header]
-    lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [header, *body]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(body, header, rule="  ")

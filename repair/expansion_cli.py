@@ -21,6 +21,7 @@ from .query_generation import read_concepts
 from .runtime import setup_logging
 from .sources import make_cache, make_source
 from .sources.http import SourceError, load_keys
+from .tables import text_table
 from .verification import DEFAULT_QUERY_FORM, QUERY_FORMS, count_valid, run_verification, status_path_for
 
 logger = logging.getLogger(__name__)
@@ -136,8 +137,7 @@ def _print_table(stats: dict) -> None:
     if stats.get("demoted_to_duplicate"):
         rows.append(("demoted to duplicate", stats["demoted_to_duplicate"]))
     rows += [("skipped (done before)", stats["skipped_done"]), ("valid tuples in file", stats["valid_total"])]
-    width = max(len(r[0]) for r in rows)
-    print("\n".join(f"  {name:<{width}}  {value}" for name, value in rows), file=sys.stderr)
+    print(text_table(rows, indent="  "), file=sys.stderr)
 
 
 def verification_main(source: str, argv: list[str] | None = None) -> int:

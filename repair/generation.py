@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Union
 
+from .models import DEFAULT_MODEL
 from .sources.http import ApiClient, KeyPool, load_keys
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class HFGenerator:
 
     backend = "hf"
 
-    def __init__(self, model: str = "smollm2-135m", adapter: str | None = None, *, device: str | None = None,
+    def __init__(self, model: str = DEFAULT_MODEL, adapter: str | None = None, *, device: str | None = None,
                  dtype: Any = None, batch_size: int = 8, chat_template: str = "auto",
                  trust_remote_code: bool = False):
         import torch
@@ -223,7 +224,7 @@ def make_generator(backend: str, **kw) -> HFGenerator | OpenAIGenerator:
     raise ValueError(f"unknown generator backend {backend!r}; expected hf or openai")
 
 
-def add_generator_args(parser, default_model_help: str = "smollm2-135m, the retriever backbone",
+def add_generator_args(parser, default_model_help: str = f"{DEFAULT_MODEL}, the retriever backbone",
                        default_batch_help: str = "8") -> None:
     """The generator flags every generating script shares (05 query generation, the CausalNeg negatives step):
     ``--backend --model --adapter --device --dtype --batch_size --chat_template --trust_remote_code --openai_url
@@ -273,7 +274,7 @@ def generator_from_args(args, default_batch_size: int = 8) -> HFGenerator | Open
     import json
 
     if args.backend == "hf":
-        return make_generator("hf", model=args.model or "smollm2-135m", adapter=args.adapter, device=args.device,
+        return make_generator("hf", model=args.model or DEFAULT_MODEL, adapter=args.adapter, device=args.device,
                               dtype=args.dtype, batch_size=args.batch_size or default_batch_size,
                               chat_template=args.chat_template, trust_remote_code=args.trust_remote_code)
     return make_generator("openai", base_url=args.openai_url, model=args.model, concurrency=args.concurrency,

@@ -19,7 +19,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import asdict
-from typing import Any, Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -80,11 +80,6 @@ def positive_rank(pos_scores: np.ndarray, cand_scores: np.ndarray, owner: np.nda
     """
     above = cand_scores > pos_scores[owner]
     return 1 + np.bincount(owner[above], minlength=len(pos_scores)).astype(np.int64)
-
-
-def consistency_keep(ranks: np.ndarray, n_negatives: np.ndarray, kappa: int) -> np.ndarray:
-    """Eq. 6: keep iff rank(d+) <= kappa; a tuple without any negative yields no triplet and is dropped too."""
-    return (ranks <= kappa) & (n_negatives > 0)
 
 
 # ---------------------------------------------------------------------------------------------- steps 8 and 9
@@ -302,11 +297,3 @@ def consistency_filter(tuples: TupleSet, emb: EmbeddingDir, *, top_k: int = 15, 
         logger.warning("the consistency filter kept none of %d tuples (%d with rank(d+) > %d, %d without a "
                        "negative): the output holds no line", processed, dropped_rank, consistency_k, dropped_empty)
     return records, stats
-
-
-def format_table(rows: Iterable[tuple[str, Any]]) -> str:
-    """A two-column text table for the scripts' end-of-run statistics."""
-    rows = [(str(k), str(v)) for k, v in rows]
-    width = max((len(k) for k, _ in rows), default=0)
-    return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
-

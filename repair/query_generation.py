@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .data import DataError, JsonlAppender, iter_jsonl, read_lines
+from .data import DataError, JsonlAppender, iter_appended_jsonl, iter_jsonl, read_lines
 from .generation import DEFAULT_SAMPLING
 from .sources.http import SourceError
-from .text import content_words
+from .text import content_words, word_key
 
 logger = logging.getLogger(__name__)
 
@@ -122,10 +122,6 @@ _PREAMBLE = re.compile(r"^(sure|here|certainly|okay|ok|of course|absolutely|grea
 _LABEL = re.compile(r"^(?:(?:research|generated|new|final)\s+)?(?:query|question|title)\s*\d*\s*[:\-–]\s*", re.I)
 
 
-def _norm(text: str) -> str:
-    return " ".join(re.findall(r"\w+", text.lower()))
-
-
 def clean_query(raw: str, prompt: str = "", min_words: int = 4,
                 max_words: int | None = None) -> tuple[str | None, str]:
     """Turn a raw completion into one query, or reject it: returns (query, "ok") or (None, reason).
@@ -159,7 +155,7 @@ def clean_query(raw: str, prompt: str = "", min_words: int = 4,
             break
     words = re.findall(r"\w+", line.lower())
     if re.match(r"^concept\s*\d+\s*:", line, re.I) or (len(words) >= min_words and prompt and
-                                                         _norm(line) in _norm(prompt)):
+                                                         word_key(line) in word_key(prompt)):
         return None, "echo"
     if len(words) < min_words:
         return None, "too_short"
@@ -266,20 +262,14 @@ class GenerationStats:
 
 
 def _existing_ids(path: Path, required: dict) -> set[str]:
-    if not path.exists():
-        return set()
-    JsonlAppender(path).close()  # cut a partial last line left by a killed run before reading
-    return {rec["id"] for rec in iter_jsonl(path, required=required)}
+    return {rec["id"] for rec in iter_appended_jsonl(path, required=required)}
 
 
 def _existing_rounds(path: Path, settings: dict) -> set[int]:
     """Finished rounds of a 05 file; a file made with another seed / round size / prompt cannot be resumed
     (its ids would mean different queries)."""
-    if not path.exists():
-        return set()
-    JsonlAppender(path).close()
     done = set()
-    for lineno, rec in enumerate(iter_jsonl(path, required={"round": int}), start=1):
+    for lineno, rec in iter_appended_jsonl(path, required={"round": int}, with_lineno=True):
         for name, value in settings.items():
             if name in rec and rec[name] != value:
                 raise ValueError(f"{path}:{lineno}: this file was generated with {name}={rec[name]!r}, not "

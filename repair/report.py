@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .data import iter_jsonl, read_json
+from .tables import markdown_table
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def _train_summary(adapter_dir: Path) -> dict:
     log = adapter_dir / "train_log.jsonl"
     if not log.exists():
         return {}
-    losses = [r["loss"] for r in iter_jsonl(log) if isinstance(r.get("loss"), (int, float))]
+    losses = [r["loss"] for r in iter_jsonl(log, skip_partial_last=True) if isinstance(r.get("loss"), (int, float))]
     if not losses:
         return {}
     tail = losses[-max(1, len(losses) // 5):]
@@ -97,12 +98,12 @@ def collect(run_dir: str | Path, pct: int = 30) -> dict:
             row["c_conf"] = (terms.get("counts") or {}).get("union_total")
             rounds = it / "expansion" / f"generated.bottom_{pp}pct.jsonl.rounds.jsonl"
             if rounds.exists():
-                recs = list(iter_jsonl(rounds))
+                recs = list(iter_jsonl(rounds, skip_partial_last=True))
                 row["generated"] = sum(r.get("generated", 0) for r in recs)
                 row["generated_accepted"] = sum(r.get("accepted", 0) for r in recs)
             expansion = it / "expansion" / f"expansion.bottom_{pp}pct.jsonl"
             if expansion.exists():
-                row["verified"] = sum(1 for _ in iter_jsonl(expansion))
+                row["verified"] = sum(1 for _ in iter_jsonl(expansion, skip_partial_last=True))
             stats = _maybe_json(it / "differentiation" / "consistency_stats.json") or {}
             row["kept"] = stats.get("kept")
             row["kept_rate"] = stats.get("kept_rate")
@@ -122,11 +123,6 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
-def md_cell(text: str) -> str:
-    """A Markdown table cell: a literal ``|`` (as in ``|T0|``) would otherwise end the cell."""
-    return text.replace("|", "\\|")
-
-
 def metrics_table(summary: dict) -> str:
     """Markdown table: one row per iteration (0 = before training), one column per eval headline."""
     names: list[str] = []
@@ -135,43 +131,40 @@ def metrics_table(summary: dict) -> str:
     if not names:
         return "(no evaluation results)"
     base = summary["iterations"][0]["eval"] if summary["iterations"] else {}
-    lines = ["| iteration | " + " | ".join(md_cell(n) for n in names) + " |", "|---" * (len(names) + 1) + "|"]
+    rows = []
     for it in summary["iterations"]:
         cells = []
         for n in names:
             v = it["eval"].get(n)
             delta = "" if v is None or n not in base or it["iter"] == 0 else f" ({v - base[n]:+.4f})"
             cells.append(_fmt(v) + delta)
-        label = "0 (before)" if it["iter"] == 0 else str(it["iter"])
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(["0 (before)" if it["iter"] == 0 else str(it["iter"]), *cells])
+    return markdown_table(["iteration", *names], rows)
 
 
 def counts_table(summary: dict) -> str:
     cols = [("|T0|", "t0"), ("|Q_conf|", "q_conf"), ("|C_conf|", "c_conf"), ("generated", "generated"),
             ("accepted", "generated_accepted"), ("verified", "verified"), ("kept", "kept")]
-    lines = ["| iteration | " + " | ".join(md_cell(c) for c, _ in cols) + " | kept rate | train loss first → last |",
-             "|---" * (len(cols) + 3) + "|"]
+    rows = []
     for it in summary["iterations"]:
         if it["iter"] == 0:
             continue
         train = it.get("train") or {}
         loss = f"{_fmt(train.get('first_loss'))} → {_fmt(train.get('last_loss'))}" if train else "–"
         rate = it.get("kept_rate")
-        lines.append(f"| {it['iter']} | " + " | ".join(_fmt(it.get(key)) for _, key in cols)
-                     + f" | {_fmt(rate, 3) if rate is not None else '–'} | {loss} |")
-    return "\n".join(lines)
+        rows.append([it["iter"], *(_fmt(it.get(key)) for _, key in cols),
+                     _fmt(rate, 3) if rate is not None else "–", loss])
+    return markdown_table(["iteration", *(c for c, _ in cols), "kept rate", "train loss first → last"], rows)
 
 
 def time_table(summary: dict) -> str:
     stages = list(STAGES)
-    lines = ["| iteration | " + " | ".join(stages) + " | total |", "|---" * (len(stages) + 2) + "|"]
+    rows = []
     for it in summary["iterations"]:
         sec = it.get("seconds") or {}
-        total = sum(sec.values())
-        lines.append(f"| {it['iter']} | " + " | ".join(f"{sec[s]:.0f} s" if s in sec else "–" for s in stages)
-                     + f" | {total:.0f} s |")
-    return "\n".join(lines)
+        rows.append([it["iter"], *(f"{sec[s]:.0f} s" if s in sec else "–" for s in stages),
+                     f"{sum(sec.values()):.0f} s"])
+    return markdown_table(["iteration", *stages, "total"], rows)
 
 
 def plot(run_dir: str | Path, summary: dict) -> list[str]:
@@ -198,13 +191,8 @@ def plot(run_dir: str | Path, summary: dict) -> list[str]:
         drawn = True
     if drawn:
         ax.axvline(0, color="k", lw=0.8)
-        ax.set_xlabel("margin s(q, d+) - max s(q, d-)  (Eq. 1)")
-        ax.set_ylabel("T0 queries")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(run_dir / "margins.png", dpi=120)
-        made.append("margins.png")
-    plt.close(fig)
+    made += _save_plot(plt, fig, ax, drawn, run_dir / "margins.png", "margin s(q, d+) - max s(q, d-)  (Eq. 1)",
+                       "T0 queries")
     fig, ax = plt.subplots(figsize=(6, 4))
     drawn = False
     for it in summary["iterations"]:
@@ -223,14 +211,8 @@ def plot(run_dir: str | Path, summary: dict) -> list[str]:
         if neg:
             ax.hist(neg, bins=30, alpha=0.45, label=f"iter {it['iter']}: s(q_new, d-)")
         drawn = drawn or bool(pos or neg)
-    if drawn:
-        ax.set_xlabel("cosine score under the retriever that selected them")
-        ax.set_ylabel("kept triplets")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(run_dir / "triplet_scores.png", dpi=120)
-        made.append("triplet_scores.png")
-    plt.close(fig)
+    made += _save_plot(plt, fig, ax, drawn, run_dir / "triplet_scores.png",
+                       "cosine score under the retriever that selected them", "kept triplets")
     fig, ax = plt.subplots(figsize=(6, 4))
     drawn = False
     for it in summary["iterations"]:
@@ -238,13 +220,20 @@ def plot(run_dir: str | Path, summary: dict) -> list[str]:
         if losses:
             ax.plot(range(1, len(losses) + 1), losses, label=f"iteration {it['iter']}")
             drawn = True
+    made += _save_plot(plt, fig, ax, drawn, run_dir / "train_loss.png", "optimizer step", "InfoNCE loss (+ QEM)")
+    return made
+
+
+def _save_plot(plt, fig, ax, drawn: bool, path: Path, xlabel: str, ylabel: str) -> list[str]:
+    """Label and save one figure when anything was drawn on it (``[its file name]``, else ``[]``); close it."""
+    made = []
     if drawn:
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel("InfoNCE loss (+ QEM)")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(run_dir / "train_loss.png", dpi=120)
-        made.append("train_loss.png")
+        fig.savefig(path, dpi=120)
+        made.append(path.name)
     plt.close(fig)
     return made
 

@@ -1,12 +1,18 @@
 """The table of every ``run_repair.sh`` setting: name, group, default, check, help, and whether it changes results.
 
 Apart from :mod:`repair.settings` (which resolves, validates and records them) so that adding a setting is one
-entry here, read top to bottom like the driver's ``--help``, which is generated from it.
+entry here, read top to bottom like the driver's ``--help``, which is generated from it. MODEL and the Training
+defaults are not restated: they come from :data:`repair.models.DEFAULT_MODEL` and
+:class:`repair.train_config.TrainConfig`.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+from .models import DEFAULT_MODEL
+from .train_config import CAUSALNEG_QEM_LAMBDA, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,19 @@ class Setting:
 _s = Setting  # short name for the table below
 
 
+def _trainer(field: str) -> str:
+    """The trainer's own default for a Training setting, as the table writes it (``2e-5``, not ``2e-05``): each
+    training default is written once, in :class:`repair.train_config.TrainConfig`."""
+    return _number(TrainConfig.__dataclass_fields__[field].default)
+
+
+def _number(value: float | int) -> str:
+    """A number as a person writes it in a setting: ``2e-5``, ``0.02``, ``256``."""
+    if isinstance(value, int):
+        return str(value)
+    return re.sub(r"e([+-])0*(\d)", r"e\1\2", f"{value:g}").replace("e+", "e")
+
+
 SETTINGS: tuple[Setting, ...] = (
     _s("OUT_DIR", "Run", "runs/repair", "run folder", result=False),
     _s("ITERS", "Run", "2", "iterations (a larger value extends a finished run)", "int", 1, result=False),
@@ -41,7 +60,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("NPROC", "Run", "1", "processes for torchrun (training) and for 07's encoding; >1 is opt-in multi-GPU",
        "int", 1, result=False),
     _s("SEED", "Run", "42", "seed for generation, sampling and training", "int", 0),
-    _s("MODEL", "Model", "smollm2-135m", "retriever backbone: HF id, folder, alias smollm2-135m | minilm", "model"),
+    _s("MODEL", "Model", DEFAULT_MODEL, "retriever backbone: HF id, folder, alias smollm2-135m | minilm", "model"),
     _s("ADAPTER", "Model", "", "LoRA adapter folder to start from (iteration 1)", "adapter", shown_default="none"),
     _s("MAX_LENGTH", "Model", "512", "tokens per text incl. EOS", "int", 8),
     _s("BATCH_SIZE", "Model", "32", "encoding batch size", "int", 1, result=False),
@@ -111,18 +130,19 @@ SETTINGS: tuple[Setting, ...] = (
        "share of the kept tuples that get generated negatives (Sec. 4.5)", "float", 0, 1, low_open=True),
     _s("CN_EXTRA", "Differentiation (Stage III)", "",
        "extra flags for differentiation/09b_counterfactual_negatives.py"),
-    _s("EPOCHS", "Training", "2", "epochs per training", "int", 1),
-    _s("LR", "Training", "2e-5", "AdamW learning rate", "float", 0, low_open=True),
-    _s("TEMPERATURE", "Training", "0.02", "InfoNCE temperature", "float", 0, low_open=True),
-    _s("GLOBAL_BATCH", "Training", "256", "examples per optimizer step", "int", 1),
-    _s("MINI_BATCH", "Training", "32", "GradCache chunk (memory only: same gradients)", "int", 1, result=False),
+    _s("EPOCHS", "Training", _trainer("epochs"), "epochs per training", "int", 1),
+    _s("LR", "Training", _trainer("lr"), "AdamW learning rate", "float", 0, low_open=True),
+    _s("TEMPERATURE", "Training", _trainer("temperature"), "InfoNCE temperature", "float", 0, low_open=True),
+    _s("GLOBAL_BATCH", "Training", _trainer("global_batch_size"), "examples per optimizer step", "int", 1),
+    _s("MINI_BATCH", "Training", _trainer("mini_batch_size"), "GradCache chunk (memory only: same gradients)", "int",
+       1, result=False),
     _s("NUM_HARD_NEG", "Training", "", "hard negatives per triplet; -1 = all", "int", -1,
-       shown_default="1; causalneg -1"),
-    _s("WARMUP_RATIO", "Training", "0.1", "linear warmup share of the steps (step 1 of a warmup trains with lr 0)",
-       "float", 0, 1, high_open=True),
+       shown_default=f"{_trainer('num_hard_negatives')}; causalneg -1"),
+    _s("WARMUP_RATIO", "Training", _trainer("warmup_ratio"),
+       "linear warmup share of the steps (step 1 of a warmup trains with lr 0)", "float", 0, 1, high_open=True),
     _s("QEM_LAMBDA", "Training", "", "weight of the query-view entropy term", "float", 0,
-       shown_default="0 for repair, 0.1 for causalneg"),
-    _s("QEM_TAU", "Training", "0.1", "QEM temperature", "float", 0, low_open=True),
+       shown_default=f"{_trainer('qem_lambda')} for repair, {_number(CAUSALNEG_QEM_LAMBDA)} for causalneg"),
+    _s("QEM_TAU", "Training", _trainer("qem_tau"), "QEM temperature", "float", 0, low_open=True),
     _s("FULL_FINETUNE", "Training", "0", "1 = train every weight (no LoRA)", "flag"),
     _s("TRAIN_EXTRA", "Training", "", "extra flags passed to training/10_train_lora.py"),
 )

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from .data import DataError, JsonlAppender, SeedSet, iter_jsonl, read_jsonl, write_jsonl
+from .data import DataError, JsonlAppender, SeedSet, iter_appended_jsonl, iter_jsonl, read_jsonl, write_jsonl
 from .generation import DEFAULT_SAMPLING
 from .query_generation import clean_query, shared_content_words
 from .verification import DEFAULT_QUERY_FORM, EXPANSION_REQUIRED, check_new_outputs, status_path_for
@@ -145,10 +145,7 @@ def _t0_done(out_jsonl: Path, status_path: Path, settings: dict) -> set[str]:
     """Ids already written (or dropped) by an earlier run with the same settings; other settings are an error."""
     done: set[str] = set()
     for path in (out_jsonl, status_path):
-        if not path.exists():
-            continue
-        JsonlAppender(path).close()  # cut a partial last line left by a killed run
-        for lineno, rec in iter_jsonl(path, required={"id": str, "t0_rewrite": dict}, with_lineno=True):
+        for lineno, rec in iter_appended_jsonl(path, required={"id": str, "t0_rewrite": dict}, with_lineno=True):
             for name, value in settings.items():
                 if rec["t0_rewrite"].get(name) != value:
                     raise ValueError(f"{path}:{lineno}: this file was written with {name}="

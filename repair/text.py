@@ -1,4 +1,5 @@
-"""Small text helpers shared by query cleaning (generation) and keyword queries (Elsevier)."""
+"""Small text helpers shared by query cleaning (generation), keyword queries (Elsevier) and the "same text" key of
+query cleaning and CausalNeg."""
 
 from __future__ import annotations
 
@@ -16,3 +17,9 @@ def content_words(text: str) -> list[str]:
     """Words of 2+ characters that are not stopwords, in order (case kept, hyphens and dots inside kept)."""
     tokens = re.findall(r"[A-Za-z0-9][A-Za-z0-9\-\.]*[A-Za-z0-9]|[A-Za-z0-9]", text)
     return [t for t in tokens if len(t) >= 2 and t.lower() not in STOPWORDS]
+
+
+def word_key(text: str) -> str:
+    """A text's lowercased words (``\\w+``) joined by single spaces: two texts with the same key are the same text
+    up to case, punctuation and spacing (a query echoing its prompt; a generated negative copying a positive)."""
+    return " ".join(re.findall(r"\w+", text.lower()))

@@ -13,14 +13,13 @@ adapter (or full model) + tokenizer + ``training_args.json`` + ``train_log.jsonl
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
@@ -28,12 +27,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .data import JsonlAppender, load_torch_file, read_json, write_json, write_jsonl
+from .data import JsonlAppender, iter_appended_jsonl, load_torch_file, read_json, write_json, write_jsonl
 from .encoding import Retriever
 from .gradcache import allreduce_gradients, contrastive_step
 from .losses import contrastive_objective
-from .models import ENCODER_MODEL_TYPES, ModelSpec, resolve_model
+from .models import ENCODER_MODEL_TYPES, ModelSpec
 from .runtime import dist_info, pick_device, set_seed
+from .train_config import RESUME_KEYS, TrainConfig
 from .train_data import TrainingData, build_layout, epoch_order, load_training_data, stats_table
 
 logger = logging.getLogger(__name__)
@@ -43,73 +43,6 @@ ENCODER_LORA_TARGETS = ("query", "key", "value", "dense")
 CHECKPOINTS = "checkpoints"
 TRAIN_LOG = "train_log.jsonl"
 ARGS_FILE = "training_args.json"
-# settings that fix the data order and the schedule: a resumed run must use the same ones
-RESUME_KEYS = ("model", "init_adapter", "train_data", "split", "all_positives", "triplets", "num_hard_negatives",
-               "max_examples", "global_batch_size", "epochs", "max_steps", "seed", "full_finetune", "lora_r",
-               "lora_alpha", "lora_target_modules", "max_length", "instruction", "pooling")
-
-
-@dataclass
-class TrainConfig:
-    """Every setting of a run (the CLI flags of ``training/10_train_lora.py``; defaults are the paper's)."""
-
-    output_dir: str
-    model: str = "smollm2-135m"
-    init_adapter: str | None = None
-    train_data: list[str] = field(default_factory=list)
-    split: str = "train"
-    all_positives: bool = False
-    triplets: list[str] = field(default_factory=list)
-    num_hard_negatives: int = 1
-    max_examples: int | None = None
-    instruction: str | None = None
-    pooling: str | None = None
-    max_length: int = 512
-    epochs: int = 2
-    max_steps: int = -1
-    global_batch_size: int = 256
-    mini_batch_size: int = 32
-    lr: float = 2e-5
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    warmup_steps: int = -1
-    max_grad_norm: float = 1.0
-    temperature: float = 0.02
-    qem_lambda: float = 0.1
-    qem_tau: float = 0.1
-    full_finetune: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
-    lora_target_modules: list[str] | None = None
-    init_lora_weights: bool = True
-    save_steps: int = 500
-    save_total_limit: int = 2
-    logging_steps: int = 10
-    logging_dir: str | None = None
-    seed: int = 42
-    device: str | None = None
-    base_dtype: str = "auto"
-    gradient_checkpointing: str = "auto"
-    trust_remote_code: bool = False
-    resume: bool = False
-    overwrite_output_dir: bool = False
-    stop_after_steps: int | None = None
-    show_progress: bool = True
-
-    def validate(self) -> None:
-        if self.global_batch_size < 1 or self.mini_batch_size < 1:
-            raise ValueError("--global_batch_size and --mini_batch_size must be >= 1")
-        if self.temperature <= 0 or self.qem_tau <= 0:
-            raise ValueError("--temperature and --qem_tau must be > 0")
-        if self.epochs < 1 and self.max_steps <= 0:
-            raise ValueError("--epochs must be >= 1 (or give --max_steps)")
-        if self.base_dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"--base_dtype must be auto|float32|bfloat16|float16, got {self.base_dtype!r}")
-        if self.gradient_checkpointing not in ("auto", "on", "off"):
-            raise ValueError("--gradient_checkpointing must be auto|on|off")
-        if self.full_finetune and self.init_adapter:
-            raise ValueError("--full_finetune and --init_adapter exclude each other (a full model is its own base)")
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -132,53 +65,33 @@ def lora_targets(model: torch.nn.Module, requested: Sequence[str] | None) -> lis
     return targets
 
 
-def _base_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
-    """fp32 on CPU. On CUDA a frozen LoRA backbone is held in bf16 (adapters stay fp32, autocast bf16);
-    full fine-tuning keeps fp32 master weights under bf16 autocast."""
-    if cfg.base_dtype != "auto":
-        return getattr(torch, cfg.base_dtype)
-    if device.type == "cuda" and not cfg.full_finetune:
-        return torch.bfloat16
-    return torch.float32
-
-
 def build_retriever(cfg: TrainConfig, device: torch.device) -> tuple[Retriever, ModelSpec]:
-    """Base from ``AutoModel`` + a fresh LoRA (or ``--init_adapter`` made trainable, or all weights trainable),
-    wrapped in the foundation Retriever so pooling and text formats are the inference ones."""
-    from peft import LoraConfig, PeftModel, get_peft_model
-    from transformers import AutoModel, AutoTokenizer
+    """The inference door, :meth:`Retriever.load` with ``trainable=True`` (so pooling, text formats and an
+    ``--init_adapter`` load exactly as they do for inference), plus what only a training run adds: a fresh LoRA (or
+    every weight trainable), activation checkpointing, and the base path recorded in the adapter's config."""
+    from peft import LoraConfig, get_peft_model
 
-    spec = resolve_model(cfg.model, cfg.pooling, cfg.trust_remote_code)
-    tok_source = spec.path
-    if cfg.init_adapter:
-        if not (Path(cfg.init_adapter) / "adapter_config.json").exists():
-            raise FileNotFoundError(f"{cfg.init_adapter}: not a LoRA adapter folder (no adapter_config.json)")
-        if (Path(cfg.init_adapter) / "tokenizer_config.json").exists():
-            tok_source = cfg.init_adapter
-    tokenizer = AutoTokenizer.from_pretrained(tok_source, trust_remote_code=cfg.trust_remote_code)
-    base = AutoModel.from_pretrained(spec.path, dtype=_base_dtype(cfg, device),
-                                     trust_remote_code=cfg.trust_remote_code)
-    if hasattr(base.config, "use_cache"):
-        base.config.use_cache = False
+    retriever = Retriever.load(cfg.model, cfg.init_adapter, pooling=cfg.pooling, max_length=cfg.max_length,
+                               device=device, dtype=getattr(torch, cfg.base_dtype_on(device.type)),
+                               trust_remote_code=cfg.trust_remote_code, trainable=True)
+    spec = retriever.spec
+    model = base = retriever.model
     if cfg.full_finetune:
-        model = base
-        for p in model.parameters():
-            p.requires_grad_(True)
-    elif cfg.init_adapter:
-        model = PeftModel.from_pretrained(base, cfg.init_adapter, is_trainable=True)
-        model.peft_config["default"].base_model_name_or_path = spec.path
+        if spec.adapter:
+            raise ValueError(f"--full_finetune: {spec.adapter} is a LoRA adapter folder (a full model is its own base)")
+        model.requires_grad_(True)
     else:
-        lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                          target_modules=lora_targets(base, cfg.lora_target_modules), bias="none",
-                          init_lora_weights=cfg.init_lora_weights, base_model_name_or_path=spec.path)
-        model = get_peft_model(base, lora)
+        if spec.adapter:  # --init_adapter (or an adapter folder given as --model), trainable
+            base = model.get_base_model()
+        else:  # LoRA weights are initialised on the CPU generator (peft), wherever the base lives
+            lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                              target_modules=lora_targets(base, cfg.lora_target_modules), bias="none",
+                              init_lora_weights=cfg.init_lora_weights, base_model_name_or_path=spec.path)
+            model = retriever.model = get_peft_model(base, lora).to(device)
         model.peft_config["default"].base_model_name_or_path = spec.path
     if uses_activation_checkpointing(cfg, base):
         enable_activation_checkpointing(base)
-    model.to(device)
     model.train()
-    retriever = Retriever(model, tokenizer, pooling=spec.pooling, max_length=cfg.max_length, device=device,
-                          identity=None, name=spec.name)
     return retriever, spec
 
 
@@ -329,16 +242,7 @@ def _trim_log(path: Path, step: int) -> None:
     """Drop log lines of steps after the checkpoint (a killed run may have logged past it)."""
     if not path.exists():
         return
-    keep = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict) and row.get("step", 0) <= step:
-                keep.append(row)
-    write_jsonl(path, keep)
+    write_jsonl(path, [row for row in iter_appended_jsonl(path) if row.get("step", 0) <= step])
 
 
 def training_finished(output_dir: str | os.PathLike) -> bool:
@@ -553,27 +457,3 @@ def save_final(output_dir: Path, retriever: Retriever, settings: dict) -> None:
     retriever.tokenizer.save_pretrained(output_dir)
     write_json(output_dir / ARGS_FILE, settings)
     logger.info("saved %s to %s", "model" if settings.get("full_finetune") else "adapter", output_dir)
-
-
-@torch.no_grad()
-def mean_loss(retriever: Retriever, data: TrainingData, cfg: TrainConfig, batch_size: int | None = None) -> float:
-    """InfoNCE (+QEM) of the data in eval mode (no dropout), in fixed consecutive batches: a yardstick for tests
-    and sanity runs, independent of the shuffled training order."""
-    was_training = retriever.model.training
-    retriever.model.eval()
-    size = batch_size or cfg.global_batch_size
-    total, count = 0.0, 0
-    try:
-        for start in range(0, len(data), size):
-            layout = build_layout(data.examples[start:start + size], data.positives_of)
-            q = retriever.embed(retriever.collate(retriever.tokenize(retriever.format(layout.queries, "query",
-                                                                                      cfg.instruction))))
-            d = retriever.embed(retriever.collate(retriever.tokenize(retriever.format(layout.documents, "passage"))))
-            loss, _ = contrastive_objective(q, d, layout.targets.to(q.device), cfg.temperature, cfg.qem_lambda,
-                                            cfg.qem_tau)
-            total += float(loss) * layout.n_queries
-            count += layout.n_queries
-    finally:
-        if was_training:
-            retriever.model.train()
-    return total / max(1, count)

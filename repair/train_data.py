@@ -26,6 +26,7 @@ import torch
 from .causalneg import NEGATIVE_SOURCES as SOURCES
 from .data import DataError, iter_jsonl, load_seed
 from .losses import BatchTargets
+from .tables import text_table
 
 logger = logging.getLogger(__name__)
 
@@ -160,10 +161,7 @@ def stats_table(data: TrainingData) -> str:
     rows = [(s.name[-60:], s.rows, s.kept, s.dropped_empty, s.negatives, s.generated,
              s.negatives_dropped_as_positive) for s in data.sources]
     rows.append(("total", *(sum(r[i] for r in rows) for i in range(1, len(head)))))
-    widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
-    fmt = lambda r: "  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w)  # noqa: E731
-                              for i, (v, w) in enumerate(zip(r, widths)))
-    return "\n".join([fmt(head)] + [fmt(r) for r in rows])
+    return text_table(rows, head, align="lr")
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Container, Iterable
 
-from .data import DataError, JsonlAppender, iter_jsonl, write_jsonl
+from .data import DataError, JsonlAppender, iter_appended_jsonl, iter_jsonl, write_jsonl
 from .query_generation import GENERATED_OPTIONAL, GENERATED_REQUIRED, generation_summary
 from .sources.base import LiteratureSource, Paper, cap_query
 from .sources.http import SourceError
@@ -128,13 +128,9 @@ def count_valid(out_jsonl: str | Path) -> int:
 
     For a ``--mode concept`` file it counts the concept lines that found at least one paper.
     """
-    path = Path(out_jsonl)
-    if not path.exists():
-        return 0
-    JsonlAppender(path).close()
     ids: set[str] = set()
     groups = 0
-    for rec in iter_jsonl(path):
+    for rec in iter_appended_jsonl(out_jsonl):
         if "id" in rec:
             ids.add(str(rec["id"]))
         elif rec.get("got_k"):
@@ -144,11 +140,7 @@ def count_valid(out_jsonl: str | Path) -> int:
 
 def read_status(status_path: str | Path) -> dict[str, dict]:
     """Last status line per id."""
-    path = Path(status_path)
-    if not path.exists():
-        return {}
-    JsonlAppender(path).close()
-    return {rec["id"]: rec for rec in iter_jsonl(path, required={"id": str, "status": str})}
+    return {rec["id"]: rec for rec in iter_appended_jsonl(status_path, required={"id": str, "status": str})}
 
 
 @dataclass
@@ -373,8 +365,7 @@ def run_verification(source: LiteratureSource, generated_jsonl: str | Path, out_
     first_use: dict[str, int] = {}  # positive's dedup key -> lowest input index whose tuple holds it
     done: set[str] = set()
     if out_jsonl.exists():
-        JsonlAppender(out_jsonl).close()
-        for lineno, rec in iter_jsonl(out_jsonl, required=EXPANSION_REQUIRED, with_lineno=True):
+        for lineno, rec in iter_appended_jsonl(out_jsonl, required=EXPANSION_REQUIRED, with_lineno=True):
             if rec.get("query_form", DEFAULT_QUERY_FORM) != query_form:
                 raise DataError(f"{out_jsonl}:{lineno}: field 'query_form': this file was made with --query_form "
                                 f"{rec.get('query_form', DEFAULT_QUERY_FORM)}, not {query_form}; resume with the "

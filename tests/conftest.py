@@ -15,26 +15,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests use local folders only; never wait on the hub
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
+from tests.helpers_generation import save_tiny_qwen2  # noqa: E402  (after ROOT is on sys.path)
+
 
 def build_tiny_qwen2(folder: Path, seed: int = 0, pad_token: bool = True) -> Path:
-    """Random Qwen2 (hidden 64, 2 layers) saved with the SmolLM2 tokenizer; fp32 on CPU."""
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2Model
-
-    from repair.models import smollm2_folder
-
-    tok = AutoTokenizer.from_pretrained(smollm2_folder())
-    if not pad_token:
-        tok.pad_token = None
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
-                         pad_token_id=tok.pad_token_id, use_cache=False)
-    torch.manual_seed(seed)
-    model = Qwen2Model(config)
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    """Random Qwen2 encoder (hidden 64, 2 layers) saved with the SmolLM2 tokenizer; fp32 on CPU."""
+    return save_tiny_qwen2(folder, "Qwen2Model", seed=seed, pad_token=pad_token, use_cache=False)
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,27 @@ def write_jsonl(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
+@torch.no_grad()
+def mean_loss(retriever, data, cfg, batch_size: int) -> float:
+    """The training objective (InfoNCE + QEM) over ``data`` in eval mode (no dropout), in fixed consecutive batches:
+    a yardstick independent of the shuffled training order (the trainer itself never needs it)."""
+    from repair.losses import contrastive_objective
+    from repair.train_data import build_layout
+
+    retriever.model.eval()
+    total, count = 0.0, 0
+    for start in range(0, len(data), batch_size):
+        layout = build_layout(data.examples[start:start + batch_size], data.positives_of)
+        q = retriever.embed(retriever.collate(retriever.tokenize(retriever.format(layout.queries, "query",
+                                                                                  cfg.instruction))))
+        d = retriever.embed(retriever.collate(retriever.tokenize(retriever.format(layout.documents, "passage"))))
+        loss, _ = contrastive_objective(q, d, layout.targets.to(q.device), cfg.temperature, cfg.qem_lambda,
+                                        cfg.qem_tau)
+        total += float(loss) * layout.n_queries
+        count += layout.n_queries
+    return total / max(1, count)
+
+
 def mixed_examples():
     """Six examples with uneven numbers of mined / generated negatives and one duplicated positive."""
     from repair.train_data import TrainExample

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import subprocess
@@ -11,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from repair.data import (DataError, JsonlAppender, iter_jsonl, load_beir, load_seed, read_json, read_jsonl,
-                         write_json, write_jsonl)
+from repair.data import (DataError, JsonlAppender, file_sha256, iter_appended_jsonl, iter_jsonl, load_beir, load_seed,
+                         read_json, read_jsonl, write_json, write_jsonl)
 
 
 def write_lines(path, lines):
@@ -206,6 +207,36 @@ def test_appender_cuts_partial_line_from_killed_writer(tmp_path):
     with JsonlAppender(path) as app:
         app.append({"i": 3})
     assert [r["i"] for r in read_jsonl(path)] == [0, 1, 2, 3]
+
+
+def test_resume_readers_skip_a_partial_last_line_and_never_truncate(tmp_path):
+    """What a killed (or still running) writer left: every resume reader skips the half line and leaves the file
+    as it is (a reader may run while 06 appends); the appender cuts it when the stage resumes."""
+    from repair.verification import count_valid, read_status
+
+    whole = '{"id": "a", "status": "ok"}\n{"id": "b", "status": "no_hits"}\n'
+    status = tmp_path / "exp.jsonl.status.jsonl"
+    status.write_text(whole + '{"id": "c", "sta')
+    out = tmp_path / "exp.jsonl"
+    out.write_text('{"id": "a", "q_new": "q"}\n{"id": "b"')
+    assert set(read_status(status)) == {"a", "b"} and count_valid(out) == 1
+    assert status.read_text() == whole + '{"id": "c", "sta' and out.read_text().endswith('{"id": "b"')
+    assert [n for n, _ in iter_appended_jsonl(status, with_lineno=True)] == [1, 2]
+    assert list(iter_appended_jsonl(tmp_path / "not_written_yet.jsonl")) == []
+    with JsonlAppender(status) as app:
+        app.append({"id": "c", "status": "ok"})
+    assert [r["id"] for r in iter_appended_jsonl(status)] == ["a", "b", "c"]
+    status.write_text(whole.replace('"b"', "b"))  # a broken *whole* line is an error, not a partial one
+    with pytest.raises(DataError, match=r"exp.jsonl.status.jsonl:2: invalid JSON"):
+        read_status(status)
+
+
+def test_file_sha256_streams_blocks_and_versions_with_a_prefix(tmp_path):
+    data = os.urandom(3 * (1 << 20) + 17)  # more than one read block
+    path = tmp_path / "corpus.jsonl"
+    path.write_bytes(data)
+    assert file_sha256(path) == hashlib.sha256(data).hexdigest()
+    assert file_sha256(path, prefix=b"bm25-v1") == hashlib.sha256(b"bm25-v1" + data).hexdigest()
 
 
 def test_beir_slice_keeps_every_chosen_positive_and_is_seeded(tmp_path):

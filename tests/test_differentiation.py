@@ -20,8 +20,8 @@ import pytest
 from repair.data import DataError, read_json, read_jsonl, write_jsonl
 from repair.embedding_dir import (EmbedConfig, EmbeddingDir, embed_candidates, text_sha1, write_embedding_dir,
                                   write_embedding_meta)
-from repair.hard_negatives import (consistency_filter, consistency_keep, false_negative_keep, order_within_groups,
-                                   positive_rank, select_hard_negatives)
+from repair.hard_negatives import (consistency_filter, false_negative_keep, order_within_groups, positive_rank,
+                                   select_hard_negatives)
 from repair.tuples import load_tuples
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,11 +114,18 @@ def test_positive_rank_counts_strictly_higher_candidates():
     assert positive_rank(pos, cand, owner).tolist() == [2, 2, 1]
 
 
-def test_consistency_keep_for_each_kappa():
-    ranks, n_neg = np.array([1, 2, 5, 6, 1]), np.array([3, 3, 3, 3, 0])
-    assert consistency_keep(ranks, n_neg, 1).tolist() == [True, False, False, False, False]
-    assert consistency_keep(ranks, n_neg, 2).tolist() == [True, True, False, False, False]
-    assert consistency_keep(ranks, n_neg, 5).tolist() == [True, True, True, False, False]
+def test_step9_tuple_without_negative_is_dropped_even_at_rank_1(tmp_path):
+    """Eq. 6 keeps rank(d+) <= kappa, but a tuple without any negative candidate yields no triplet: dropped."""
+    lone = {"id": "D", "q_model": "generated query D", "concepts": ["concept D"], "q_new": "query D",
+            "d_pos": doc_text("D+"), "negative_candidates": [], "source": "local_corpus"}
+    path = tmp_path / "expansion.jsonl"
+    write_jsonl(path, hand_lines() + [lone])
+    tuples = load_tuples(path)
+    table = hand_vectors()
+    table[doc_text("D+")], table["query D"] = table[doc_text("C+")], table["query C"]
+    records, stats = consistency_filter(tuples, build_emb_dir(tmp_path / "emb", tuples, table), consistency_k=5)
+    assert set(by_id(records)) == {"A", "B", "C"}
+    assert stats["processed"] == 4 and stats["dropped_no_negative"] == 1 and stats["dropped_rank_above_k"] == 0
 
 
 def test_false_negative_guard_margin_and_pct():

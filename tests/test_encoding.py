@@ -91,6 +91,37 @@ def test_adapter_changes_vectors(tiny_model_dir, tmp_path):
     assert (plain - adapted).abs().max() > 1e-3
 
 
+def test_one_door_takes_an_adapter_folder_as_the_model_and_loads_trainable(tiny_model_dir, tmp_path):
+    """``Retriever.load`` is the one door (every script and the trainer): an adapter folder given as the model loads
+    on the base its adapter_config.json names, the same vectors and cache key as base + adapter; ``trainable=True``
+    is the same weights with only the LoRA weights requiring grad, in train mode and without an embedding cache."""
+    import json
+
+    from repair.models import ModelError
+
+    base = str(tiny_model_dir)
+    adapter = make_adapter(base, tmp_path / "adapter")
+    explicit = Retriever.load(base, adapter, device="cpu")
+    as_model = Retriever.load(adapter, device="cpu", cache_dir=tmp_path / "cache")
+    assert (as_model.spec.name, as_model.spec.adapter, as_model.name) == (base, adapter, base)
+    assert as_model.fingerprint() == explicit.fingerprint()
+    expected = explicit.encode_passages(TEXTS[:3])
+    torch.testing.assert_close(as_model.encode_passages(TEXTS[:3]), expected, atol=1e-6, rtol=0)
+
+    trainable = Retriever.load(base, adapter, device="cpu", trainable=True)
+    grads = [n for n, p in trainable.model.named_parameters() if p.requires_grad]
+    assert grads and all("lora_" in n for n in grads) and trainable.model.training and trainable.cache is None
+    torch.testing.assert_close(trainable.encode_passages(TEXTS[:3]), expected, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="embedding cache"):
+        Retriever.load(base, adapter, device="cpu", trainable=True, cache_dir=tmp_path / "cache")
+
+    config = tmp_path / "adapter" / "adapter_config.json"
+    config.write_text(json.dumps({k: v for k, v in json.loads(config.read_text()).items()
+                                  if k != "base_model_name_or_path"}))
+    with pytest.raises(ModelError, match=r"adapter_config.json: field 'base_model_name_or_path' is missing"):
+        Retriever.load(adapter, device="cpu")
+
+
 def test_tokenize_reserves_eos_slot(tiny_model_dir):
     r = Retriever.load(str(tiny_model_dir), device="cpu", max_length=8)
     ids = r.tokenize(["one two three four five six seven eight nine ten eleven", "hi"])

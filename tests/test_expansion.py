@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from repair.data import DataError, read_jsonl
 from repair.concept_search import concept_groups_to_tuples, run_concept_mode
@@ -35,14 +34,7 @@ CORPUS = {r["id"]: r for r in read_jsonl(PAPERS)}
 N_GENERATED = len(read_jsonl(GENERATED))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Generation is many small ops: on a shared 2-core machine one thread is several times faster than two
-    spinning OpenMP threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

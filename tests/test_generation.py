@@ -15,14 +15,7 @@ from tests.helpers_generation import build_tiny_causal
 from tests.helpers_sources import FakeServer, Reply, openai_route
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Generation is many small ops: on a shared 2-core machine one thread is several times faster than two
-    spinning OpenMP threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---------------------------------------------------------------------------------------------- prompt

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from repair.losses import BatchTargets, contrastive_objective, info_nce, qem_entropy
+from repair.losses import BatchTargets, contrastive_objective, qem_entropy
 
 
 def _scores_as_vectors(scores):
@@ -16,9 +16,23 @@ def _scores_as_vectors(scores):
     return torch.eye(s.shape[0], dtype=torch.float64), s.T.clone()
 
 
+def _infonce_only(pos_index, n_docs, mask=None) -> BatchTargets:
+    """Targets without hard negatives: with qem_lambda = 0 the objective is InfoNCE alone (Eq. 8)."""
+    none = torch.zeros(0, dtype=torch.long)
+    mask = torch.zeros(len(pos_index), n_docs, dtype=torch.bool) if mask is None else mask
+    return BatchTargets(pos_index=torch.tensor(pos_index), mask=mask, neg_owner=none, neg_index=none,
+                        neg_generated=torch.zeros(0, dtype=torch.bool))
+
+
+def infonce(q, d, targets, temperature):
+    loss, stats = contrastive_objective(q, d, targets, temperature)
+    assert stats["infonce"] == pytest.approx(float(loss), abs=1e-12) and stats["qem_queries"] == 0
+    return loss
+
+
 def test_info_nce_hand_computed_2x3():
     q, d = _scores_as_vectors([[0.5, 0.1, -0.2], [0.3, 0.9, 0.0]])
-    loss = info_nce(q, d, torch.tensor([0, 1]), temperature=0.1)
+    loss = infonce(q, d, _infonce_only([0, 1], 3), temperature=0.1)
     l1 = -math.log(math.exp(5) / (math.exp(5) + math.exp(1) + math.exp(-2)))
     l2 = -math.log(math.exp(9) / (math.exp(3) + math.exp(9) + math.exp(0)))
     assert float(loss) == pytest.approx((l1 + l2) / 2, abs=1e-12)
@@ -27,11 +41,11 @@ def test_info_nce_hand_computed_2x3():
 def test_info_nce_masked_duplicate_is_not_a_negative():
     q, d = _scores_as_vectors([[0.5, 0.1, 0.7], [0.3, 0.9, 0.0]])
     mask = torch.tensor([[False, False, True], [False, False, False]])  # doc 2 is another positive of query 0
-    loss = info_nce(q, d, torch.tensor([0, 1]), temperature=0.1, mask=mask)
+    loss = infonce(q, d, _infonce_only([0, 1], 3, mask), temperature=0.1)
     l1 = -math.log(math.exp(5) / (math.exp(5) + math.exp(1)))
     l2 = -math.log(math.exp(9) / (math.exp(3) + math.exp(9) + math.exp(0)))
     assert float(loss) == pytest.approx((l1 + l2) / 2, abs=1e-12)
-    unmasked = info_nce(q, d, torch.tensor([0, 1]), temperature=0.1)
+    unmasked = infonce(q, d, _infonce_only([0, 1], 3), temperature=0.1)
     assert float(unmasked) > float(loss) + 0.5  # without the mask the twin (0.7 > 0.5) would dominate
 
 
@@ -92,15 +106,16 @@ def test_objective_is_infonce_minus_lambda_entropy_and_query_gradient_is_infonce
                            neg_owner=torch.tensor([0, 0, 0]), neg_index=torch.tensor([2, 3, 4]),
                            neg_generated=torch.tensor([False, False, True]))
     loss, stats = contrastive_objective(qs, d, targets, temperature=0.05, qem_lambda=0.1, qem_tau=0.1)
-    nce = info_nce(qs, d, targets.pos_index, 0.05)
+    plain = _infonce_only([0, 1], 5)
+    nce = infonce(qs, d, plain, 0.05)
     ent, _ = qem_entropy(qs, d, targets.neg_owner, targets.neg_index, targets.neg_generated, 0.1)
     assert float(loss) == pytest.approx(float(nce) - 0.1 * float(ent), abs=1e-12)
     assert stats["infonce"] == pytest.approx(float(nce)) and stats["qem_queries"] == 1
     (g_total,) = torch.autograd.grad(loss, q)
-    (g_nce,) = torch.autograd.grad(info_nce(qs, d, targets.pos_index, 0.05), q)
+    (g_nce,) = torch.autograd.grad(infonce(qs, d, plain, 0.05), q)
     torch.testing.assert_close(g_total, g_nce)  # QEM never moves the query (Sec. 3.3)
     (g_mined_total,) = torch.autograd.grad(contrastive_objective(qs, d, targets, 0.05, 0.1, 0.1)[0], mined1)
-    (g_mined_nce,) = torch.autograd.grad(info_nce(qs, d, targets.pos_index, 0.05), mined1)
+    (g_mined_nce,) = torch.autograd.grad(infonce(qs, d, plain, 0.05), mined1)
     torch.testing.assert_close(g_mined_total, g_mined_nce)  # nor the mined negatives
 
 

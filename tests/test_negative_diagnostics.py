@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from repair.encoding import Retriever
-from repair.causalneg.diagnostics import (EmbeddedSet, NegativeSet, diagnose, histogram_overlap, intra_diversity,
-                                          markdown_table, negative_group, pure_cluster_ratios, range_overlap,
+from repair.causalneg.diagnostics import (EmbeddedSet, NegativeSet, diagnose, diagnostics_table, histogram_overlap,
+                                          intra_diversity, negative_group, pure_cluster_ratios, range_overlap,
                                           read_negative_sets, template_ratio)
 from repair.causalneg.dynamics import ProbeExample, gradient_probe, probe_examples, probe_gradients, weight_dynamics
 
@@ -26,13 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Small ops on a shared 2-core machine: one thread is much faster than two spinning OpenMP threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_range_overlap_known_intervals():
@@ -128,7 +122,7 @@ def test_diagnose_pure_clusters_and_similarities_on_constructed_embeddings():
     # blob B is orthogonal to every query: vanilla's similarities reach ~0, outside the mined range
     assert rows["vanilla"]["range_overlap_with_mined"] < 0.2 and rows["cot"]["range_overlap_with_mined"] > 0.8
     assert rows["mined"]["range_overlap_with_mined"] == pytest.approx(1.0)
-    table = markdown_table(res["rows"])
+    table = diagnostics_table(res["rows"])
     assert "| vanilla | 24 |" in table and "| 50.0 |" in table
 
 

@@ -416,6 +416,22 @@ def test_existing_output_needs_resume(tmp_path, corpus):
         run_negatives(items, tmp_path / "x.jsonl", CONFIGS["random"], progress=False)
 
 
+def test_resume_skips_a_partial_last_line_but_names_a_corrupt_one(tmp_path, corpus):
+    """--resume reads the done items with the project's appended-file reader: the half line of a killed run is
+    redone, a corrupt whole line is an error naming file and line (it used to be skipped, and its item redone)."""
+    items, _ = load_items(TINY, "train")
+    out = tmp_path / "o.jsonl"
+    run_negatives(items[:2], out, CONFIGS["mined"], corpus=corpus, progress=False)
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text(lines[0] + lines[1][:20])
+    result = run_negatives(items[:2], out, CONFIGS["mined"], corpus=corpus, resume=True, progress=False)
+    assert result["skipped_done"] == 1 and result["file"]["lines"] == 2
+    assert [json.loads(line)["key"] for line in out.read_text().splitlines()] == [items[0].key, items[1].key]
+    out.write_text(lines[0] + "{not json\n" + lines[1])
+    with pytest.raises(DataError, match=r"o.jsonl:2: invalid JSON"):
+        run_negatives(items[:2], out, CONFIGS["mined"], corpus=corpus, resume=True, progress=False)
+
+
 # ---------------------------------------------------------------------------------------------- a real (tiny) model
 def test_tiny_local_model_garbage_is_counted_and_survived(tmp_path):
     """A random-weight causal LM writes garbage: every output is rejected, retried, counted; lines still come out."""

@@ -17,24 +17,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers_train import synthetic_pairs, write_jsonl
+from helpers_train import mean_loss, synthetic_pairs, write_jsonl
 from repair.data import DataError, read_json, read_jsonl
 from repair.encoding import Retriever
-from repair.train import (TrainConfig, list_checkpoints, mean_loss, train, training_finished,
-                          uses_activation_checkpointing)
+from repair.train import list_checkpoints, train, training_finished, uses_activation_checkpointing
+from repair.train_config import CAUSALNEG_QEM_LAMBDA, TrainConfig
 from repair.train_data import load_training_data
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "training" / "10_train_lora.py"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread (two threads spin against each other on a shared 2-core box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _cli():
@@ -70,7 +64,7 @@ def base_argv(model_dir, data_files, out, *extra) -> list[str]:
     return ["--model", str(model_dir), "--train_data", t0, "--triplets", trip, "--num_hard_negatives", "-1",
             "--output_dir", str(out), "--global_batch_size", "4", "--mini_batch_size", "4", "--max_length", "64",
             "--lr", "2e-3", "--temperature", "0.05", "--lora_r", "4", "--lora_alpha", "8", "--seed", "5",
-            "--no_progress", *extra]
+            "--qem_lambda", str(CAUSALNEG_QEM_LAMBDA), "--no_progress", *extra]  # the triplets have generated negatives
 
 
 def adapter_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -321,3 +315,24 @@ def test_a_checkpoint_refused_by_weights_only_is_named(tiny_model_dir, data_file
     with pytest.raises(DataError) as exc:
         train(cli_config(argv + ["--resume"]))
     assert str(ckpt / "scheduler.pt") in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_training_defaults_are_written_once_and_qem_is_causalneg_only():
+    """Every training default lives in TrainConfig: 10's flags and the driver's settings (its table and the values it
+    computes per NEGATIVES) read it, so they cannot drift apart. QEM is off by default (REPAIR's training is plain
+    InfoNCE) and CausalNeg's 0.1 is what the driver passes for NEGATIVES=causalneg."""
+    from repair.models import DEFAULT_MODEL
+    from repair.settings import resolve
+
+    cfg = TrainConfig(output_dir="out")
+    assert cli_config(["--output_dir", "out"]) == cfg
+    assert cfg.model == DEFAULT_MODEL and cfg.qem_lambda == 0.0 and CAUSALNEG_QEM_LAMBDA == 0.1
+    for negatives, qem_lambda, hard_negatives in (("repair", cfg.qem_lambda, cfg.num_hard_negatives),
+                                                  ("causalneg", CAUSALNEG_QEM_LAMBDA, -1)):
+        v = resolve({"TRAIN_DATA": "t0.jsonl", "NEGATIVES": negatives}, ROOT).values
+        assert (float(v["QEM_LAMBDA"]), int(v["NUM_HARD_NEG"])) == (qem_lambda, hard_negatives), negatives
+        assert v["MODEL"] == DEFAULT_MODEL
+        driver = (int(v["EPOCHS"]), float(v["LR"]), float(v["TEMPERATURE"]), int(v["GLOBAL_BATCH"]),
+                  int(v["MINI_BATCH"]), float(v["WARMUP_RATIO"]), float(v["QEM_TAU"]), int(v["MAX_LENGTH"]))
+        assert driver == (cfg.epochs, cfg.lr, cfg.temperature, cfg.global_batch_size, cfg.mini_batch_size,
+                          cfg.warmup_ratio, cfg.qem_tau, cfg.max_length)

@@ -25,9 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import run_script  # noqa: E402
+from repair.cli import add_retriever_args, run_script  # noqa: E402
 from repair.runtime import process_group, setup_logging  # noqa: E402
-from repair.train import TrainConfig, train  # noqa: E402
+from repair.train import train  # noqa: E402
+from repair.train_config import BASE_DTYPES, CAUSALNEG_QEM_LAMBDA, TrainConfig  # noqa: E402
 
 D = TrainConfig.__dataclass_fields__
 
@@ -38,9 +39,7 @@ def _default(name: str):
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = p.add_argument_group("model")
-    g.add_argument("--model", default=_default("model"),
-                   help="base model: HF id, local folder, or alias smollm2-135m | minilm (default: %(default)s)")
+    g = add_retriever_args(p, _default("model"), default_max_length=_default("max_length"), encoding=False)
     g.add_argument("--init_adapter", default=None,
                    help="LoRA adapter folder to continue training from (the previous REPAIR iteration's adapter)")
     g.add_argument("--full_finetune", action="store_true",
@@ -52,12 +51,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--lora_target_modules", default=None,
                    help="comma-separated module names; default: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
                         "down_proj for decoders, query,key,value,dense for BERT-like encoders")
-    g.add_argument("--pooling", default=None, choices=["eos", "mean"], help="override the model's pooling profile")
-    g.add_argument("--max_length", type=int, default=_default("max_length"),
-                   help="max tokens per query/passage incl. EOS (default: %(default)s)")
     g.add_argument("--instruction", default=None,
                    help="query instruction (default: the retriever's generic one for decoders, none for encoders)")
-    g.add_argument("--trust_remote_code", action="store_true", help="allow model code from the model folder/hub")
     g = p.add_argument_group("data")
     g.add_argument("--train_data", action="append", default=[],
                    help="T0 pairs: a .pt, a JSONL {query, positive} or a BEIR folder (with --split); repeatable")
@@ -92,8 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--temperature", type=float, default=_default("temperature"),
                    help="InfoNCE temperature tau (default: %(default)s)")
     g.add_argument("--qem_lambda", type=float, default=_default("qem_lambda"),
-                   help="CausalNeg QEM entropy weight; acts only on queries with generated negatives; 0 disables "
-                        "(default: %(default)s)")
+                   help="CausalNeg QEM entropy weight; acts only on queries with generated negatives; 0 disables; "
+                        f"CausalNeg's value is {CAUSALNEG_QEM_LAMBDA} (default: %(default)s, REPAIR's plain InfoNCE)")
     g.add_argument("--qem_tau", type=float, default=_default("qem_tau"),
                    help="QEM entropy temperature tau_ent (default: %(default)s)")
     g.add_argument("--seed", type=int, default=_default("seed"), help="seed of init, dropout and data order")
@@ -112,9 +107,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="log a line every N steps (default: %(default)s); train_log.jsonl gets every step")
     g.add_argument("--logging_dir", default=None, help="TensorBoard folder (default: <output_dir>/runs)")
     g.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
-    g.add_argument("--base_dtype", default=_default("base_dtype"), choices=["auto", "float32", "bfloat16", "float16"],
+    g.add_argument("--base_dtype", default=_default("base_dtype"), choices=BASE_DTYPES,
                    help="dtype of the frozen base weights; auto = bf16 on CUDA for LoRA, else fp32")
-    g.add_argument("--gradient_checkpointing", default=_default("gradient_checkpointing"), choices=["auto", "on", "off"],
+    g.add_argument("--gradient_checkpointing", default=_default("gradient_checkpointing"),
+                   choices=["auto", "on", "off"],
                    help="activation checkpointing in the graph pass: one extra forward for a fraction of the "
                         "activation memory, same gradients; auto = on where the model supports it, CPU included "
                         "(default: %(default)s)")

@@ -31,6 +31,7 @@ from typing import Sequence
 import numpy as np
 
 from ..data import DataError, iter_jsonl
+from ..tables import markdown_table
 from . import GENERATED, MINED
 
 QUERY, POSITIVE = "query", "positive"
@@ -299,11 +300,10 @@ def _fmt(value, spec: str) -> str:
     return text.rstrip("%") if spec.endswith("%}") else text
 
 
-def markdown_table(rows: Sequence[dict], columns=TABLE_COLUMNS) -> str:
-    head = "| " + " | ".join(title for _, title, _ in columns) + " |"
-    rule = "|" + "|".join("---" for _ in columns) + "|"
-    body = ["| " + " | ".join(_fmt(r.get(key), spec) for key, _, spec in columns) + " |" for r in rows]
-    return "\n".join([head, rule, *body])
+def diagnostics_table(rows: Sequence[dict], columns=TABLE_COLUMNS) -> str:
+    """Markdown table of result rows: ``columns`` are (key, title, format spec); a missing or NaN value is "-"."""
+    return markdown_table([title for _, title, _ in columns],
+                          [[_fmt(r.get(key), spec) for key, _, spec in columns] for r in rows])
 
 
 # ---------------------------------------------------------------------------------------------- plots

@@ -27,8 +27,9 @@ logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------- training logs
 def read_train_log(path: str | Path) -> list[dict]:
-    """The trainer's ``train_log.jsonl`` rows (one per optimizer step), in step order."""
-    rows = [r for r in iter_jsonl(path) if isinstance(r, dict) and "step" in r]
+    """The trainer's ``train_log.jsonl`` rows (one per optimizer step), in step order; a partial last line (a
+    killed or running trainer) is skipped."""
+    rows = [r for r in iter_jsonl(path, skip_partial_last=True) if "step" in r]
     return sorted(rows, key=lambda r: r["step"])
 
 

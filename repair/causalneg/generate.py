@@ -15,8 +15,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..text import word_key
 from .inputs import CorpusNegatives, NegItem
-from .parsing import clean_passage, parse_requirements, text_key
+from .parsing import clean_passage, parse_requirements
 from .prompts import (COT_WRITE_ID, PERTURBATIONS, VANILLA_ID, build_decompose_prompt, build_vanilla_prompt,
                       build_write_prompt)
 
@@ -250,7 +251,7 @@ def _passage_parser(item: NegItem, taken: dict[str, set[str]], settings: Generat
     def parse(raw: str) -> tuple[str | None, str]:
         text, reason = clean_passage(raw, item.positive, settings.min_words, others=item.positives)
         if text is not None:
-            key = text_key(text)
+            key = word_key(text)
             if key in taken[item.key]:
                 return None, "duplicate"
             taken[item.key].add(key)
@@ -265,6 +266,6 @@ def _style_refs(item: NegItem, n: int, rng: random.Random, source: CorpusNegativ
         return []
     if source is not None:
         return source.style_references(item, n, rng)
-    banned = {text_key(p) for p in item.positives}
-    candidates = [ref for ref in pool if text_key(ref[1]) not in banned]
+    banned = {word_key(p) for p in item.positives}
+    candidates = [ref for ref in pool if word_key(ref[1]) not in banned]
     return rng.sample(candidates, min(n, len(candidates)))

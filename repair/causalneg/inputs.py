@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..data import DataError, iter_jsonl, load_seed
+from ..text import word_key
 from . import MINED, NEGATIVE_SOURCES
-from .parsing import text_key
 
 
 @dataclass
@@ -161,7 +161,7 @@ class CorpusNegatives:
 
     @staticmethod
     def _excluded(item: NegItem) -> tuple[frozenset[str], set[str]]:
-        return item.positive_ids, {text_key(p) for p in item.positives}
+        return item.positive_ids, {word_key(p) for p in item.positives}
 
     def bm25(self, item: NegItem, n: int) -> list[CorpusNegative]:
         """The top ``n`` BM25 hits of the query (score > 0) that are not positives, by id or by text."""
@@ -174,7 +174,7 @@ class CorpusNegatives:
             out, seen = [], set()
             for rank, paper in enumerate(hits, start=1):
                 text = f"{paper.title} {paper.abstract}".strip()
-                key = text_key(text)
+                key = word_key(text)
                 if paper.id in ids or key in texts or not key or key in seen:
                     continue
                 seen.add(key)
@@ -192,7 +192,7 @@ class CorpusNegatives:
         candidates = self.usable[:]
         rng.shuffle(candidates)
         for i in candidates:
-            key = text_key(self.texts[i])
+            key = word_key(self.texts[i])
             if self.ids[i] in ids or key in texts or key in seen:
                 continue
             seen.add(key)

@@ -12,9 +12,10 @@ import re
 from collections import Counter
 from typing import Any, Iterable
 
+from ..text import word_key
 from .prompts import PERTURBATION_ALIASES, PERTURBATIONS
 
-_WORD = _WORD_RE = re.compile(r"\w+")
+_WORD = re.compile(r"\w+")
 _NUMBERED = re.compile(r"^\s*(?:\*\*)?(?:(?:requirement|req|r)\s*#?\s*(\d{1,2})\s*[:.)\-–]|(\d{1,2})\s*[.):]"
                        r"(?!\d))\s*(.*)$", re.I)
 _BULLET = re.compile(r"^\s*[-*•]\s+(.*)$")
@@ -28,18 +29,12 @@ _META_DOC = re.compile(r"\b(?:this|the|original|relevant|new|your|my) (?:documen
                        # a chat assistant's voice, never an abstract's: "I will describe", "your question", "let's"
                        r"|\bI (?:will|am|have|can|hope)\b|\bI'(?:m|ll|ve)\b|\byour (?:question|request|answer|"
                        r"response|goal)s?\b|\blet'?s\b|\bplease\b", re.I)
-_EXAMPLE_REQS = {" ".join(_WORD_RE.findall(t.lower())) for t in (
+_EXAMPLE_REQS = {word_key(t) for t in (
     "names the enzyme that cleaves X", "reports the effect in adults over 65",
     "names the enzyme that cleaves the precursor protein")}  # the prompt's own examples, copied back
 _KEYS_LIST = ("requirements", "requirement", "information_requirements", "conditions", "reqs")
 _KEYS_TEXT = ("requirement", "text", "condition", "description", "name")
 _KEYS_TYPE = ("perturbation", "perturbation_type", "strategy", "type", "violation")
-
-
-def text_key(text: str) -> str:
-    """A text's lowercased words joined by single spaces: two texts with the same key are the same document (used to
-    keep positives, duplicates and copies out of an item's negatives)."""
-    return " ".join(_WORD.findall(text.lower()))
 
 
 def normalize_perturbation(value: Any) -> str | None:
@@ -164,11 +159,11 @@ def parse_requirements(raw: str, query: str = "", k: int | None = None, min_word
             return [], reason or "no_list"
     out: list[dict] = []
     seen: set[str] = set()
-    qnorm = text_key(query)
+    qnorm = word_key(query)
     for req, kind in parsed:
         req = _clean_requirement(req)
         words = _WORD.findall(req)
-        key = text_key(req)
+        key = word_key(req)
         if len(words) < min_words or len(words) > max_words or not key or key == qnorm or key in seen:
             continue
         if (_PREAMBLE.match(req) and req.endswith(":")) or _META_REQ.search(req) or key in _EXAMPLE_REQS:
@@ -244,9 +239,9 @@ def clean_passage(raw: str, positive: str = "", min_words: int = 20, max_words: 
     if _repeated_ngram_share(words) > 0.3 or len(set(words)) < 0.3 * len(words):
         return None, "repetitive"
     pos_words = _WORD.findall(positive.lower())
-    if pos_words and (text_key(text) == text_key(positive) or _lcs_share(words, pos_words) >= 0.9):
+    if pos_words and (word_key(text) == word_key(positive) or _lcs_share(words, pos_words) >= 0.9):
         return None, "copy"
-    if text_key(text) in {text_key(o) for o in others}:
+    if word_key(text) in {word_key(o) for o in others}:
         return None, "duplicate"
     return text, "ok"
 

@@ -8,7 +8,6 @@ an earlier run's generations (``--generated_from``), the line's fields and the f
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -17,11 +16,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ..data import DataError, JsonlAppender, iter_jsonl, write_json
+from ..data import DataError, JsonlAppender, iter_appended_jsonl, iter_jsonl, write_json
+from ..text import word_key
 from . import GENERATED, MINED
 from .generate import GeneratedNegative, GenerationSettings, GenerationStats, generate_negatives
 from .inputs import CorpusNegative, CorpusNegatives, NegItem
-from .parsing import text_key
 
 METHODS = ("none", "vanilla", "cot")
 MINED_FROM = ("auto", "input", "bm25", "random", "none")
@@ -88,10 +87,10 @@ def build_record(item: NegItem, config: NegativeConfig, corpus_negs: Sequence[Co
             scores.append(c.score)
             sources.append(MINED)
             traces.append({"method": c.method, "doc_id": c.doc_id, **({"rank": c.rank} if c.rank else {})})
-    seen = {text_key(t) for t in negs} | {text_key(p) for p in item.positives}
+    seen = {word_key(t) for t in negs} | {word_key(p) for p in item.positives}
     n_gen = 0
     for g in generated or []:
-        key = text_key(g.text)
+        key = word_key(g.text)
         if key in seen:
             continue
         seen.add(key)
@@ -126,19 +125,7 @@ class RunSummary:
 
 def done_keys(path: str | os.PathLike) -> set[str]:
     """Keys of the records already in an output file (a partial last line is ignored: the appender cuts it)."""
-    path = Path(path)
-    keys: set[str] = set()
-    if not path.exists():
-        return keys
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict) and rec.get("key"):
-                keys.add(rec["key"])
-    return keys
+    return {rec["key"] for rec in iter_appended_jsonl(path) if rec.get("key")}
 
 
 def load_generated(path: str | os.PathLike, method: str) -> dict[str, list[GeneratedNegative]]:
@@ -275,22 +262,15 @@ def _chunks(items: Sequence[NegItem], augmented: set[str], size: int) -> Iterabl
 
 def file_summary(path: str | os.PathLike) -> dict:
     """Totals over a whole output file (all runs): lines, negatives by source, generation outcome."""
-    path = Path(path)
     out = Counter()
     perturbations: Counter = Counter()
-    if path.exists():
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                out["lines"] += 1
-                for s, t in zip(rec.get("negative_sources") or [], rec.get("negative_traces") or []):
-                    out[f"{s}_negatives"] += 1
-                    if s == GENERATED and isinstance(t, dict) and t.get("perturbation"):
-                        perturbations[t["perturbation"]] += 1
-                gen = rec.get("generation") or {}
-                out["generation_requested"] += gen.get("requested", 0)
-                out["generation_written"] += gen.get("written", 0)
+    for rec in iter_appended_jsonl(path):
+        out["lines"] += 1
+        for s, t in zip(rec.get("negative_sources") or [], rec.get("negative_traces") or []):
+            out[f"{s}_negatives"] += 1
+            if s == GENERATED and isinstance(t, dict) and t.get("perturbation"):
+                perturbations[t["perturbation"]] += 1
+        gen = rec.get("generation") or {}
+        out["generation_requested"] += gen.get("requested", 0)
+        out["generation_written"] += gen.get("written", 0)
     return {**dict(out), "perturbations": dict(perturbations)}

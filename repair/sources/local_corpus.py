@@ -9,14 +9,13 @@ least one shared non-stopword term: a query sharing nothing with the corpus has 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from ..data import DataError, iter_jsonl
+from ..data import DataError, file_sha256, iter_jsonl
 from ..runtime import cache_root
 from .base import Paper
 
@@ -63,14 +62,6 @@ def _tokenize(texts: list[str], return_ids: bool):
     return bm25s.tokenize(texts, lower=True, stopwords="en", return_ids=return_ids, show_progress=False)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256(INDEX_VERSION.encode())
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 class LocalCorpus:
     """``search(query, k)``: BM25 top-k papers with score > 0 (and >= ``min_score``), best first (ties: lower
     corpus index). ``min_score`` makes verification stricter: a query must match a paper that well to count."""
@@ -85,7 +76,7 @@ class LocalCorpus:
         self.min_score = min_score
         self.corpus_path = corpus_file(corpus)
         self.papers = load_papers(self.corpus_path)
-        fingerprint = _sha256(self.corpus_path)
+        fingerprint = file_sha256(self.corpus_path, prefix=INDEX_VERSION.encode())
         self.index_dir = Path(index_dir) if index_dir else cache_root() / "bm25" / fingerprint[:24]
         self.built = False
         if (self.index_dir / "params.index.json").exists():
