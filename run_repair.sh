@@ -32,7 +32,10 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x "$HERE/.venv/bin/python" ]]; then PYTHON="$HERE/.venv/bin/python"; else PYTHON=python3; fi
 fi
-settings_py() { PYTHON="$PYTHON" PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m repair.settings "$@" --root "$HERE"; }
+# the steps import the repair package: installed by install.sh (pip install -e .); this checkout's copy also
+# wins for any other PYTHON the driver is given
+export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"
+settings_py() { PYTHON="$PYTHON" "$PYTHON" -m repair.settings "$@" --root "$HERE"; }
 if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
   sed -n '2,/^set -euo pipefail/p' "${BASH_SOURCE[0]}" | grep '^#' | grep -v '^#SBATCH' | sed 's/^# \{0,1\}//'
   echo

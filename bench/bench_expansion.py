@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -23,14 +22,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.generation import HFGenerator  # noqa: E402
-from repair.query_generation import build_prompt  # noqa: E402
-from repair.sources import ResponseCache  # noqa: E402
-from repair.sources.local_corpus import LocalCorpus  # noqa: E402
-from repair.sources.semantic_scholar import SemanticScholar  # noqa: E402
-from repair.tables import text_table  # noqa: E402
+from repair.generation import HFGenerator
+from repair.query_generation import build_prompt
+from repair.sources import ResponseCache
+from repair.sources.local_corpus import LocalCorpus
+from repair.sources.semantic_scholar import SemanticScholar
+from repair.tables import text_table
 
 CONCEPTS = [["BCL-2", "venetoclax"], ["cyclin D1", "mantle cell lymphoma"], ["TiO2"], ["APOE4", "amyloid"],
             ["LRRK2"], ["FGF21", "diet-induced"], ["PD-1", "CD8"], ["STING", "DNA"]]

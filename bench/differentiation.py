@@ -24,21 +24,19 @@ import argparse
 import hashlib
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.data import write_json, write_jsonl  # noqa: E402
-from repair.embedding_dir import EmbedConfig, EmbeddingDir, embed_candidates  # noqa: E402
-from repair.hard_negatives import consistency_filter, select_hard_negatives  # noqa: E402
-from repair.encoding import Retriever, text_key  # noqa: E402
-from repair.runtime import setup_logging  # noqa: E402
-from repair.tuples import load_tuples  # noqa: E402
+from repair.data import write_json, write_jsonl
+from repair.embedding_dir import EmbedConfig, EmbeddingDir, embed_candidates
+from repair.hard_negatives import consistency_filter, select_hard_negatives
+from repair.encoding import Retriever, text_key
+from repair.runtime import setup_logging
+from repair.tuples import load_tuples
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -14,19 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from repair.data import load_beir  # noqa: E402
-from repair.encoding import Retriever, last_token_pool  # noqa: E402
-from repair.models import DEFAULT_MODEL  # noqa: E402
-from repair.runtime import setup_logging  # noqa: E402
+from repair.data import load_beir
+from repair.encoding import Retriever, last_token_pool
+from repair.models import DEFAULT_MODEL
+from repair.runtime import setup_logging
 
 
 def main() -> None:

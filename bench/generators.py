@@ -35,13 +35,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.generation import DEFAULT_SAMPLING, HFGenerator, OpenAIGenerator  # noqa: E402
-from repair.query_generation import build_prompt, clean_query, sample_concepts  # noqa: E402
-from repair.runtime import setup_logging  # noqa: E402
-from repair.tables import markdown_table  # noqa: E402
-from repair.text import content_words  # noqa: E402
+from repair.generation import DEFAULT_SAMPLING, HFGenerator, OpenAIGenerator
+from repair.query_generation import build_prompt, clean_query, sample_concepts
+from repair.runtime import setup_logging
+from repair.tables import markdown_table
+from repair.text import content_words
 
 logger = logging.getLogger("bench.generators")
 

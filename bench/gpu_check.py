@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 logger = logging.getLogger("gpu_check")
 

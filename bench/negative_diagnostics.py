@@ -24,14 +24,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import add_retriever_args, fail, load_retriever  # noqa: E402
-from repair.data import DataError  # noqa: E402
-from repair.causalneg.diagnostics import (diagnose, diagnostics_table, dump, embed_set, plot_clusters,  # noqa: E402
+from repair.cli import add_retriever_args, fail, load_retriever
+from repair.data import DataError
+from repair.causalneg.diagnostics import (diagnose, diagnostics_table, dump, embed_set, plot_clusters,
                                           plot_similarities, read_negative_sets)
-from repair.causalneg.dynamics import plot_dynamics, probe_run, read_train_log, weight_dynamics  # noqa: E402
-from repair.runtime import setup_logging  # noqa: E402
+from repair.causalneg.dynamics import plot_dynamics, probe_run, read_train_log, weight_dynamics
+from repair.runtime import setup_logging
 
 
 def _named(values: list[str], flag: str) -> dict[str, str]:

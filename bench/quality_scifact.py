@@ -1,14 +1,20 @@
 #!/usr/bin/env python
-"""Measured quality on SciFact: does REPAIR beat plain fine-tuning here? (issue 9)
+"""Measured quality on SciFact: does REPAIR beat plain fine-tuning here? (issues 9 and 16)
 
-T0 = the 809 SciFact train claims (one positive each), evaluation = the 300 test claims over the full
-5,183-document corpus (exact search), plus BIOSSES Spearman. Every trained row gets the same budget
-(52 optimizer steps of 32 examples = 2 epochs of T0) and the same settings; rows are run per seed.
+Protocol (issue 16, the default): a seeded dev set of 162 of SciFact's 809 train claims
+(``data/scifact_split/dev_ids.txt``; their documents stay in the corpus), T0 = the other 647 claims (one positive
+each). Every row is evaluated on the dev claims (nDCG@10, exact search over the full 5,183-document corpus) plus
+BIOSSES Spearman; settings are chosen on dev; ``--test`` also evaluates a row on the 300 test claims, which is
+done for the baseline rows and the final REPAIR rows only. ``--dev_ids none`` is the issue-9 protocol (T0 = all
+809 claims, test only). Every trained row gets the same budget (``--steps``, default 2 epochs of T0 at batch 32 =
+42 steps) and the same settings; rows are run per seed.
 
 Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skipped when present):
   offshelf              the backbone as is
   inbatch               fine-tuned on T0, in-batch negatives only
   bm25                  fine-tuned on T0 + the top BM25 hit that is not a positive (bm25s), one per claim
+  st_mined              fine-tuned on T0 + one dense negative per claim mined by sentence-transformers'
+                        mine_hard_negatives (the library, off-the-shelf backbone, its relative-margin guard)
   repair                run_repair.sh, 2 iterations (diagnosis -> expansion with the local-corpus source ->
                         differentiation -> training on T0 + new triplets), each iteration 52 steps from the last
   causalneg             as repair with NEGATIVES=causalneg (CoT counterfactual negatives on --cn_ratio of the kept
@@ -34,6 +40,8 @@ import argparse
 import json
 import math
 import os
+import random
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -42,12 +50,49 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from repair.data import load_beir, load_seed, write_beir_slice  # noqa: E402
-from repair.train import training_finished  # noqa: E402
+from repair.data import (iter_jsonl, load_beir, load_qrels, load_seed, read_jsonl, read_lines, write_jsonl,
+                         write_lines)
+from repair.beir_slice import write_beir_slice
+from repair.tables import markdown_table
+from repair.train import training_finished
 
 PY = sys.executable
+DEV_IDS = ROOT / "data" / "scifact_split" / "dev_ids.txt"
+DEV_FRACTION, DEV_SEED = 0.2, 2026
+
+
+def trained_steps(folder: Path) -> int:
+    """Optimizer steps a finished training took, read from its train_log.jsonl (the last logged step)."""
+    steps = [int(r["step"]) for r in iter_jsonl(folder / "train_log.jsonl", skip_partial_last=True)]
+    return max(steps, default=0)
+
+
+def carve_dev_ids(train_qrels: Path, fraction: float = DEV_FRACTION, seed: int = DEV_SEED) -> list[str]:
+    """A seeded share of the train claims held out as dev (sorted ids). Seeded so the split is re-derivable, and kept
+    in the repo so no later change of this function can move it."""
+    ids = sorted(load_qrels(train_qrels), key=lambda q: (len(q), q))
+    random.Random(seed).shuffle(ids)
+    return sorted(ids[: round(fraction * len(ids))], key=lambda q: (len(q), q))
+
+
+def write_dev_folder(scifact: Path, dev_ids: list[str], folder: Path) -> dict:
+    """A BEIR folder whose qrels/train.tsv is T0 (train minus dev), qrels/dev.tsv the dev claims and qrels/test.tsv
+    SciFact's test claims; corpus and queries are links to the original files (same documents, same texts)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in scifact.iterdir():
+        if f.is_file() and not (folder / f.name).exists():
+            (folder / f.name).symlink_to(f.resolve())
+    header = "query-id\tcorpus-id\tscore"
+    rows = [r for r in (scifact / "qrels" / "train.tsv").read_text().splitlines()[1:] if r.strip()]
+    dev = set(dev_ids)
+    missing = dev - {r.split("\t")[0] for r in rows}
+    if missing:
+        raise SystemExit(f"{DEV_IDS}: {len(missing)} ids are not SciFact train claims (e.g. {sorted(missing)[0]})")
+    write_lines(folder / "qrels" / "train.tsv", [header] + [r for r in rows if r.split("\t")[0] not in dev])
+    write_lines(folder / "qrels" / "dev.tsv", [header] + [r for r in rows if r.split("\t")[0] in dev])
+    shutil.copy2(scifact / "qrels" / "test.tsv", folder / "qrels" / "test.tsv")
+    return {"t0_claims": len({r.split("\t")[0] for r in rows}) - len(dev), "dev_claims": len(dev)}
 
 
 def run(cmd: list[str], log: Path, env: dict | None = None) -> float:
@@ -65,6 +110,30 @@ def run(cmd: list[str], log: Path, env: dict | None = None) -> float:
     return time.time() - t0
 
 
+# REPAIR configurations (issue 16's levers), each one driver row: (extra driver settings, the last iteration-1 step
+# it shares with repair_s<seed>: those steps' outputs are copied instead of recomputed, since the same commands with
+# the same seed write the same files; None = nothing shared). Each is opt-in; "repair" is the faithful pipeline.
+VARIANTS: dict[str, tuple[dict[str, str], str | None]] = {
+    "repair": ({}, None),
+    "repair_conf": ({"CONFUSED_TUPLES": "1"}, "06"),      # lever 3: Q_conf's own claims through Stage III too
+    "repair_conf_only": ({"CONFUSED_TUPLES": "1", "EXPANSION": "0"}, "04"),  # lever 3 without Stage II's tuples
+    "repair_conf_only_guard": ({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "FN_PCT": "0.95"}, "04"),
+    "repair_conf_all": ({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "PCT": "100"}, None),  # every T0 claim diagnosed
+    "repair_guard": ({"FN_PCT": "0.95"}, "07"),           # lever 5: 08's false-negative guard (NV-Retriever PercPos)
+    "repair_global": ({"POOL": "global"}, "08"),          # lever 5: the original's global pool in 09
+    "repair_neg3": ({"NUM_HARD_NEG": "3"}, "09"),         # lever 5: three hard negatives per triplet
+    "repair_qgen": ({"QUERY_FORM": "generated"}, "05"),   # lever 2: the LLM's own query is q_new
+    "repair_eqclaims": ({}, "09"),                        # lever 4: T0's full epochs + the tuples (more steps)
+    # lever 1: Qwen2.5-Coder-1.5B-Instruct served by llama.cpp (--served_generator URL) writes the queries; the
+    # _gen / _t0 rows share its generated queries (the same 05 command) and change only what q_new is (lever 2)
+    "repair_qwen": ({"QWEN": "1"}, "04"),
+    "repair_qwen_gen": ({"QWEN": "1", "QUERY_FORM": "generated"}, "05:repair_qwen"),
+    "repair_qwen_t0": ({"QWEN": "1", "QUERY_FORM": "t0"}, "06:repair_qwen"),
+    "repair_qwen_gen_conf": ({"QWEN": "1", "QUERY_FORM": "generated", "CONFUSED_TUPLES": "1"}, "06:repair_qwen_gen"),
+    "repair_from_ft": ({}, None),                         # lever 4: iteration 1 starts from inbatch_s<seed>
+}
+
+
 class Study:
     def __init__(self, args: argparse.Namespace):
         self.args = args
@@ -72,13 +141,28 @@ class Study:
         self.rows = self.out / "rows"
         self.rows.mkdir(parents=True, exist_ok=True)
         self.scifact = str(Path(args.scifact).resolve())
+        self.dev = args.dev_ids.lower() != "none" and not args.subset
         if args.subset:
             self.scifact = self.make_subset(*args.subset)
-        if args.steps is None:  # 2 epochs of T0 at batch 32: 52 steps on the 809 SciFact claims
+        elif self.dev:
+            self.scifact = self.make_dev_folder(Path(args.dev_ids))
+        if args.steps is None:  # 2 epochs of T0 at batch 32: 42 steps on the 647 T0 claims (52 on all 809)
             args.steps = 2 * math.ceil(len(load_seed(self.scifact, split="train")) / 32)
         self.biosses = str(ROOT / "data" / "biosses")
+        # what a row is chosen on: dev claims under the dev protocol, else (issue 9) the test claims
+        self.select_split = "dev" if self.dev else "test"
 
     # ---------------------------------------------------------------- shared pieces
+    def make_dev_folder(self, ids_file: Path) -> str:
+        """T0 / dev / test as one BEIR folder; the dev ids come from the repo (written once if absent)."""
+        scifact = Path(self.scifact)
+        if not ids_file.exists():
+            write_lines(ids_file, carve_dev_ids(scifact / "qrels" / "train.tsv"))
+        folder = self.out / "data" / "scifact-t0-dev"
+        counts = write_dev_folder(scifact, read_lines(ids_file), folder)
+        print(json.dumps({"dev_folder": str(folder), "dev_ids": str(ids_file), **counts}), flush=True)
+        return str(folder)
+
     def make_subset(self, n_train: int, n_test: int, n_docs: int) -> str:
         """A documented SciFact subset (seeded, positives kept) for backbones too slow for the full corpus on a CPU."""
         folder = self.out / "data" / f"scifact-subset-{n_train}-{n_test}-{n_docs}"
@@ -100,18 +184,31 @@ class Study:
             flags[flags.index("--lr") + 1] = str(a.lora_lr)
         return flags
 
-    def evaluate(self, name: str, model: str) -> dict:
-        """nDCG@10 / Recall@100 on the SciFact test claims and BIOSSES Spearman; ``model`` may be an adapter folder."""
-        out = self.out / "eval" / f"{name}.json"
+    def evaluate(self, name: str, model: str, split: str | None = None) -> dict:
+        """nDCG@10 / Recall@100 on one split's claims (default: the selection split) and BIOSSES Spearman; ``model``
+        may be an adapter folder. One file per split; the corpus embeddings are cached, so a second split of the
+        same model encodes only its claims."""
+        split = split or self.select_split
+        out = self.out / "eval" / f"{name}.{split}.json"
         if not out.exists():
             cmd = [PY, ROOT / "eval" / "eval_suite.py", "--model", model, "--data", f"scifact:ir:{self.scifact}",
-                   self.biosses, "--max_length", str(self.args.max_length), "--output", out,
+                   self.biosses, "--split", split, "--max_length", str(self.args.max_length), "--output", out,
                    "--cache_dir", self.out / "cache"]
-            run(cmd, self.out / "logs" / f"eval_{name}.log")
-        res = json.loads(out.read_text())
-        by = {r["dataset"]: r for r in res["results"]}
-        return {"ndcg@10": by["scifact"]["ndcg@10"], "recall@100": by["scifact"]["recall@100"],
-                "biosses_spearman": by["biosses"]["spearman"]}
+            run(cmd, self.out / "logs" / f"eval_{name}.{split}.log")
+        return self.read_eval(out, split)
+
+    @staticmethod
+    def read_eval(path: Path, split: str) -> dict:
+        by = {r["dataset"]: r for r in json.loads(path.read_text())["results"]}
+        return {f"{split}_ndcg10": by["scifact"]["ndcg@10"], f"{split}_recall100": by["scifact"]["recall@100"],
+                "biosses": by["biosses"]["spearman"]}
+
+    def evaluate_row(self, name: str, model: str) -> dict:
+        """The selection split always; the test claims too with --test (final rows only, issue 16's hygiene)."""
+        result = self.evaluate(name, model)
+        if self.dev and self.args.test:
+            result.update(self.evaluate(name, model, "test"))
+        return result
 
     def bm25_triplets(self) -> Path:
         path = self.out / "data" / "scifact_train_bm25.jsonl"
@@ -121,27 +218,76 @@ class Study:
                 self.out / "logs" / "bm25_triplets.log")
         return path
 
+    def st_mined_triplets(self) -> Path:
+        """T0 with one dense hard negative per claim from sentence-transformers' ``mine_hard_negatives`` (the peer,
+        called as the library): the off-the-shelf backbone, top-ranked candidates, its own false-negative guard
+        (``--st_relative_margin``: a negative must score at most (1 - margin) x the positive's score). Every positive
+        of a claim is given to it, so none is mined as a negative. A claim for which the guard leaves no candidate in
+        the library's search range keeps its plain (claim, positive) pair, so the row trains on all of T0 as the
+        others do; the count is printed and kept in ``<file>.stats.json``."""
+        path = self.out / "data" / f"scifact_train_st_mined_m{self.args.st_relative_margin}.jsonl"
+        if path.exists():
+            return path
+        seed = load_seed(self.scifact, split="train")
+        mined_path = path.with_suffix(".mined.jsonl")  # the library's triplets (claims it found a negative for)
+        seconds = 0.0
+        if not mined_path.exists():
+            from datasets import Dataset
+            from sentence_transformers import SentenceTransformer
+            from sentence_transformers.util import mine_hard_negatives
+
+            from repair.models import resolve_model
+
+            train = load_beir(self.scifact, "train")
+            pairs = [(train.queries[q], train.doc_text(d)) for q, rels in train.qrels.items()
+                     for d, s in rels.items() if s > 0]
+            model = SentenceTransformer(resolve_model(self.args.model).path, device="cpu")
+            model.max_seq_length = self.args.max_length
+            t0 = time.time()
+            mined = mine_hard_negatives(
+                Dataset.from_dict({"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]}), model,
+                corpus=[train.doc_text(d) for d in train.corpus], num_negatives=1,
+                relative_margin=self.args.st_relative_margin, sampling_strategy="top", output_format="triplet",
+                batch_size=64, verbose=True)
+            seconds = time.time() - t0
+            write_jsonl(mined_path, [{"query": r["anchor"], "pos_document": r["positive"], "d_neg": r["negative"]}
+                                     for r in mined])
+        negative_of = {(r["query"], r["pos_document"]): r["d_neg"] for r in read_jsonl(mined_path)}
+        rows = [{"query": q, "pos_document": p, **({"d_neg": negative_of[(q, p)]} if (q, p) in negative_of else {})}
+                for q, p in zip(seed.queries, seed.passages)]
+        stats = {"claims": len(rows), "with_negative": sum("d_neg" in r for r in rows),
+                 "relative_margin": self.args.st_relative_margin, "mining_seconds": round(seconds)}
+        write_jsonl(path, rows)
+        (path.parent / (path.name + ".stats.json")).write_text(json.dumps(stats, indent=1))
+        print(json.dumps({"st_mined": str(path), **stats}), flush=True)
+        return path
+
     def save(self, row: str, result: dict) -> None:
         (self.rows / f"{row}.json").write_text(json.dumps(result, indent=1))
-        print(json.dumps({"row": row, **{k: v for k, v in result.items() if k in ("ndcg@10", "recall@100",
-                                                                                   "biosses_spearman")}}),
-              flush=True)
+        print(json.dumps({"row": row, **{k: v for k, v in result.items() if k.endswith(("ndcg10", "recall100"))
+                                          or k in ("biosses", "ndcg@10")}}), flush=True)
 
     # ---------------------------------------------------------------- rows
     def offshelf(self, seed: int) -> dict:
         t0 = time.time()
-        return {**self.evaluate("offshelf", self.args.model), "seconds": round(time.time() - t0)}
+        return {**self.evaluate_row("offshelf", self.args.model), "eval_seconds": round(time.time() - t0),
+                "steps": 0}
 
-    def _train_and_eval(self, name: str, data_flags: list[str], steps: int, seed: int) -> dict:
+    def _train_and_eval(self, name: str, data_flags: list[str], steps: int, seed: int, model: str | None = None) -> dict:
         folder = self.out / "train" / name
         seconds = 0.0
         # an interrupted run resumes (from step 0 when it saved no checkpoint)
         if not training_finished(folder):
-            seconds = run([PY, ROOT / "training" / "10_train_lora.py", *self.train_flags(steps), *data_flags,
+            flags = self.train_flags(steps)
+            if model:
+                flags[flags.index("--model") + 1] = model
+            seconds = run([PY, ROOT / "training" / "10_train_lora.py", *flags, *data_flags,
                            "--seed", str(seed), "--output_dir", folder, "--resume"],
                           self.out / "logs" / f"train_{name}.log")
         # a LoRA folder is passed as the model: the eval suite reads its base from adapter_config.json
-        return {**self.evaluate(name, str(folder)), "train_seconds": round(seconds), "steps": steps}
+        t0 = time.time()
+        result = self.evaluate_row(name, str(folder))
+        return {**result, "train_seconds": round(seconds), "eval_seconds": round(time.time() - t0), "steps": steps}
 
     def inbatch(self, seed: int, steps: int | None = None, tag: str = "inbatch") -> dict:
         return self._train_and_eval(f"{tag}_s{seed}", ["--train_data", self.scifact, "--split", "train"],
@@ -150,6 +296,19 @@ class Study:
     def bm25(self, seed: int, steps: int | None = None, tag: str = "bm25") -> dict:
         return self._train_and_eval(f"{tag}_s{seed}", ["--triplets", self.bm25_triplets(), "--num_hard_negatives", "1"],
                                     steps or self.args.steps, seed)
+
+    def st_mined(self, seed: int) -> dict:
+        return self._train_and_eval(f"st_mined_s{seed}", ["--triplets", self.st_mined_triplets(),
+                                                          "--num_hard_negatives", "1"], self.args.steps, seed)
+
+    def inbatch_cont(self, seed: int) -> dict:
+        """Plain fine-tuning continued from inbatch_s<seed> for --steps more: the control of repair_from_ft."""
+        start = self.out / "train" / f"inbatch_s{seed}"
+        if not training_finished(start):
+            raise SystemExit(f"inbatch_cont: run the inbatch row for seed {seed} first ({start})")
+        flags = ["--train_data", self.scifact, "--split", "train"]
+        result = self._train_and_eval(f"inbatch_cont_s{seed}", flags, self.args.steps, seed, model=str(start))
+        return {**result, "steps": 2 * self.args.steps}
 
     def inbatch2x(self, seed: int) -> dict:
         return self.inbatch(seed, 2 * self.args.steps, "inbatch2x")
@@ -162,6 +321,7 @@ class Study:
         run_dir = self.out / "repair" / name
         env = {"MODEL": a.model, "TRAIN_DATA": self.scifact, "TRAIN_SPLIT": "train", "OUT_DIR": str(run_dir),
                "ITERS": str(a.iters), "EVAL_DATA": f"scifact:ir:{self.scifact} {self.biosses}",
+               "EVAL_SPLIT": self.select_split,
                "LOCAL_CORPUS": self.scifact, "GEN_MODEL": a.generator, "MAX_LENGTH": str(a.max_length),
                "LR": str(a.lora_lr if (a.lora_lr and not a.full_finetune) else a.lr),
                "TEMPERATURE": str(a.temperature), "GLOBAL_BATCH": "32", "MINI_BATCH": str(a.mini_batch_size),
@@ -169,75 +329,116 @@ class Study:
                "MAX_ROUNDS": str(a.max_rounds), "PYTHON": PY,
                "TRAIN_EXTRA": f"--max_steps {a.steps} --epochs 100 --warmup_ratio 0.1 --weight_decay 0.01 "
                               f"--save_steps 0 --no_progress", **extra}
-        self.reuse_offshelf_eval(run_dir)
+        self.reuse_eval("offshelf", run_dir)
         seconds = run(["bash", ROOT / "run_repair.sh"], self.out / "logs" / f"driver_{name}.log", env=env)
         report = json.loads((run_dir / "report.json").read_text())
         per_iter = []
         for it in report["iterations"]:
-            ev = json.loads((run_dir / f"iter{it['iter']}" / "eval" / "eval.json").read_text())
-            by = {r["dataset"]: r for r in ev["results"]}
-            per_iter.append({"iter": it["iter"], "ndcg@10": by["scifact"]["ndcg@10"],
-                             "recall@100": by["scifact"]["recall@100"], "biosses_spearman": by["biosses"]["spearman"],
+            metrics = self.read_eval(run_dir / f"iter{it['iter']}" / "eval" / "eval.json", self.select_split)
+            per_iter.append({"iter": it["iter"], **metrics,
                              **{k: it.get(k) for k in ("q_conf", "c_conf", "generated", "generated_accepted",
                                                        "verified", "kept", "kept_rate")},
                              "stage_seconds": it.get("seconds")})
         last = per_iter[-1]
-        return {"ndcg@10": last["ndcg@10"], "recall@100": last["recall@100"],
-                "biosses_spearman": last["biosses_spearman"], "iterations": per_iter,
+        result = {k: v for k, v in last.items() if k.startswith(self.select_split) or k == "biosses"}
+        if self.dev and a.test:  # the final model on the test claims (final rows only)
+            final = run_dir / f"iter{report['iterations'][-1]['iter']}" / "adapter"
+            result.update({k: v for k, v in self.evaluate(name, str(final), "test").items() if k != "biosses"})
+        return {**result, "iterations": per_iter, "steps": sum(trained_steps(run_dir / f"iter{it['iter']}" / "adapter")
+                                                              for it in report["iterations"]),
                 "seconds": round(seconds), "run_dir": str(run_dir)}
 
-    def repair(self, seed: int) -> dict:
-        return self._driver(f"repair_s{seed}", seed, {})
-
-    def reuse_offshelf_eval(self, run_dir: Path) -> None:
-        """A driver run's iteration 0 evaluates the untouched backbone: the offshelf row's result, same command and
-        data, so it is copied in (with the driver's done marker) instead of re-encoding the corpus per row."""
-        offshelf = self.out / "eval" / "offshelf.json"
+    def reuse_eval(self, evaluated: str, run_dir: Path) -> None:
+        """A driver run's iteration 0 evaluates the model it starts from: when this study already evaluated that model
+        (the offshelf row, or inbatch_s<seed> for repair_from_ft) with the same command and data, its result is copied
+        in (with the driver's done marker) instead of re-encoding the corpus per row."""
+        source = self.out / "eval" / f"{evaluated}.{self.select_split}.json"
         target = run_dir / "iter0" / "eval" / "eval.json"
-        if offshelf.exists() and not target.exists():
+        if source.exists() and not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(offshelf, target)
-            (run_dir / ".state").mkdir(exist_ok=True)
+            shutil.copy2(source, target)
+            (run_dir / ".state").mkdir(parents=True, exist_ok=True)
             (run_dir / ".state" / "iter0.eval.done").write_text("0\n")
 
-    def reuse_repair_stages(self, seed: int, run_dir: Path, whole_iteration: bool = False) -> bool:
-        """Start a variant run from the REPAIR run's finished iteration-1 stages (up to 09, or all of them).
+    def reuse_repair_stages(self, seed: int, run_dir: Path, upto: str, source_row: str = "repair") -> bool:
+        """Start a variant run from the REPAIR run's finished iteration-1 steps up to ``upto`` ("04".."09" or "eval").
 
-        Up to 09 a CausalNeg run is the same commands with the same seed on the same model (NEGATIVES only changes
-        what follows 09); a GEN_ADAPTER=none run is the same through iteration 1's evaluation (iteration 1's
-        generator has no retriever adapter yet). Copying those outputs and done markers gives the files a fresh
+        A variant that changes only what follows a step runs the same commands with the same seed on the same model
+        up to it (a CausalNeg run up to 09, a GEN_ADAPTER=none run through iteration 1's evaluation, lever rows up
+        to the step their setting first changes), so copying those outputs and done markers gives the files a fresh
         run would write, and the row pays only for what differs. Later iterations are always run.
         """
-        src = self.out / "repair" / f"repair_s{seed}"
-        last = "iter1.eval" if whole_iteration else "iter1.09_consistency"
+        src = self.out / "repair" / f"{source_row}_s{seed}"
+        last = {"04": "04_merge", "05": "05_generate.r1", "06": "expansion", "07": "07_embed", "08": "08_hardneg",
+                "09": "09_consistency", "eval": "eval"}[upto]
         marker = run_dir / "REUSED_FROM"  # so a resumed row still reports where its stages came from
-        if (run_dir / "iter1").exists() or not (src / ".state" / f"{last}.done").exists():
+        if (run_dir / "iter1").exists() or not (src / ".state" / f"iter1.{last}.done").exists():
             return marker.exists()
         (run_dir / "iter1").mkdir(parents=True)
         (run_dir / ".state").mkdir(exist_ok=True)
         shutil.copytree(src / "iter0", run_dir / "iter0", dirs_exist_ok=True)
-        stages = ("diagnosis", "expansion", "differentiation") + (("adapter", "eval") if whole_iteration else ())
+        stages = ["diagnosis"] + (["expansion"] if upto >= "05" else []) + (["differentiation"] if upto >= "07" else [])
+        stages += ["adapter", "eval"] if upto == "eval" else []
         for stage in stages:
             shutil.copytree(src / "iter1" / stage, run_dir / "iter1" / stage)
-        shared_steps = ("01_", "02_", "03_", "04_", "05_", "06_", "07_", "08_", "09_", "expansion")
-        if whole_iteration:
-            shared_steps += ("10_", "eval")
+        if upto == "05":  # generated queries kept, verification redone
+            for f in (run_dir / "iter1" / "expansion").glob("expansion.*"):
+                f.unlink()
+        if "07" <= upto < "09":  # the embedding dir is shared; 08/09 outputs are not
+            for f in (run_dir / "iter1" / "differentiation").iterdir():
+                if f.is_file() and (upto == "07" or not f.name.startswith("hard_negatives")):
+                    f.unlink()
+
+        def shared(step: str) -> bool:
+            if step == "expansion":
+                return upto >= "06"
+            if step == "eval":
+                return upto == "eval"
+            return step[:2].isdigit() and (step[:2] <= upto or upto == "eval") and not step.startswith("09b")
+
         for done in (src / ".state").iterdir():
             iteration, step = done.name.split(".")[:2]
-            if (iteration, step) == ("iter0", "eval") or (iteration == "iter1" and step.startswith(shared_steps)):
+            if (iteration, step) == ("iter0", "eval") or (iteration == "iter1" and shared(step)):
                 shutil.copy2(done, run_dir / ".state" / done.name)
-        marker.write_text(f"{src}: iteration 0 eval and iteration 1 steps {'01-eval' if whole_iteration else '01-09'}\n")
+        marker.write_text(f"{src}: iteration 0 eval and iteration 1 steps up to {upto}\n")
         return True
+
+    def variant(self, row: str, seed: int) -> dict:
+        """A REPAIR configuration of ``VARIANTS``: its settings on top of the faithful row's, sharing what it can."""
+        settings, shared = VARIANTS[row]
+        upto, _, source_row = (shared or "").partition(":")
+        name = f"{row}_s{seed}"
+        run_dir = self.out / "repair" / name
+        extra = dict(settings)
+        if extra.pop("QWEN", None):
+            if not self.args.served_generator:
+                raise SystemExit(f"{row}: needs --served_generator URL (python -m repair.model_packages serve "
+                                 "qwen2.5-coder-1.5b --port 8080 --n_threads 1)")
+            extra.update({"GENERATOR": "openai", "OPENAI_URL": self.args.served_generator,
+                          "OPENAI_EXTRA": '{"repeat_penalty": 1.2}'})
+        if row == "repair_eqclaims":  # the budget counted in claims: 2 epochs of T0 + tuples, no step cap
+            extra["TRAIN_EXTRA"] = "--epochs 2 --warmup_ratio 0.1 --weight_decay 0.01 --save_steps 0 --no_progress"
+        if row == "repair_from_ft":  # iteration 1 diagnoses and trains the plain fine-tuned model
+            start = self.out / "train" / f"inbatch_s{seed}"
+            if not training_finished(start):
+                raise SystemExit(f"{row}: run the inbatch row for seed {seed} first ({start})")
+            extra["MODEL"] = str(start)
+            self.reuse_eval(f"inbatch_s{seed}", run_dir)
+        reused = self.reuse_repair_stages(seed, run_dir, upto, source_row or "repair") if upto else False
+        result = self._driver(name, seed, extra)
+        if row == "repair_from_ft":
+            result["steps"] += self.args.steps  # the in-batch training it starts from
+        return {**result, "reused_repair_stages": reused}
 
     def causalneg(self, seed: int) -> dict:
         name = f"causalneg_s{seed}"
-        reused = self.reuse_repair_stages(seed, self.out / "repair" / name)
+        reused = self.reuse_repair_stages(seed, self.out / "repair" / name, "09")
         extra = {"NEGATIVES": "causalneg", "CN_RATIO": str(self.args.cn_ratio), "CN_EXTRA": self.args.cn_extra}
         return {**self._driver(name, seed, extra), "reused_repair_stages": reused}
 
     def repair_basegen(self, seed: int) -> dict:
         name = f"repair_basegen_s{seed}"
-        reused = self.reuse_repair_stages(seed, self.out / "repair" / name, whole_iteration=True)
+        reused = self.reuse_repair_stages(seed, self.out / "repair" / name, "eval")
         return {**self._driver(name, seed, {"GEN_ADAPTER": "none"}), "reused_repair_stages": reused}
 
     def st_reference(self, seed: int) -> dict:
@@ -247,25 +448,127 @@ class Study:
             seconds = run([PY, ROOT / "bench" / "st_reference_train.py", "--scifact", self.scifact, "--seed", str(seed),
                            "--output_dir", folder, "--max_length", str(self.args.max_length)],
                           self.out / "logs" / f"train_st_reference_s{seed}.log")
-        return {**self.evaluate(f"st_reference_s{seed}", str(folder)), "train_seconds": round(seconds)}
+        return {**self.evaluate_row(f"st_reference_s{seed}", str(folder)), "train_seconds": round(seconds)}
+
+
+BASELINE_ROWS = ("offshelf", "inbatch", "bm25", "st_mined", "inbatch2x", "inbatch_cont", "bm25x2", "st_reference")
+
+
+def row_name(stem: str) -> str:
+    """``inbatch_s2`` -> ``inbatch``; ``offshelf`` stays."""
+    head, _, tail = stem.rpartition("_s")
+    return head if head and tail.isdigit() else stem
+
+
+def collect(out: Path) -> dict[str, dict[int, dict]]:
+    """Every finished row file: {row name: {seed: result}} (offshelf has seed 0)."""
+    rows: dict[str, dict[int, dict]] = {}
+    for f in sorted((out / "rows").glob("*.json")):
+        name = row_name(f.stem)
+        seed = int(f.stem.rpartition("_s")[2]) if name != f.stem else 0
+        rows.setdefault(name, {})[seed] = json.loads(f.read_text())
+    return rows
+
+
+def _metric(result: dict, key: str) -> float | None:
+    legacy = {"test_ndcg10": "ndcg@10", "test_recall100": "recall@100", "biosses": "biosses_spearman"}
+    value = result.get(key, result.get(legacy.get(key, "")))
+    return value
+
+
+def _stat(values: list[float]) -> str:
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
 
 
 def summarize(out: Path) -> str:
-    rows: dict[str, list[dict]] = {}
-    for f in sorted((out / "rows").glob("*.json")):
-        name = f.stem.rsplit("_s", 1)[0] if "_s" in f.stem else f.stem
-        rows.setdefault(name, []).append(json.loads(f.read_text()))
-    lines = ["| row | runs | nDCG@10 (mean ± sd) | Recall@100 | BIOSSES ρ |", "|---|---|---|---|---|"]
-    for name, results in rows.items():
-        def stat(key: str) -> str:
-            vals = [r[key] for r in results if r.get(key) is not None]
-            if not vals:
-                return "–"
-            if len(vals) == 1:
-                return f"{vals[0]:.4f}"
-            return f"{statistics.mean(vals):.4f} ± {statistics.stdev(vals):.4f}"
-        lines.append(f"| {name} | {len(results)} | {stat('ndcg@10')} | {stat('recall@100')} | {stat('biosses_spearman')} |")
-    return "\n".join(lines)
+    """The results table: per row, mean ± sample standard deviation over its seeds (per-seed values in the JSON)."""
+    rows = []
+    for name, by_seed in collect(out).items():
+        results = [by_seed[k] for k in sorted(by_seed)]
+        cells = [_stat([v for r in results if (v := _metric(r, key)) is not None])
+                 for key in ("dev_ndcg10", "test_ndcg10", "test_recall100", "biosses")]
+        steps = sorted({r.get("steps") for r in results if r.get("steps") is not None})
+        seeds = ", ".join(str(k) for k in sorted(by_seed)) if name != "offshelf" else "–"
+        rows.append([name, seeds, "/".join(map(str, steps)) or "–", *cells])
+    return markdown_table(["row", "seeds", "steps", "dev nDCG@10", "test nDCG@10", "test Recall@100", "BIOSSES ρ"],
+                          rows)
+
+
+def export(out: Path, path: Path) -> int:
+    """``docs/results/scifact_minilm.json``: one object per row, every number read from the row files."""
+    objects = []
+    for name, by_seed in collect(out).items():
+        seeds = sorted(by_seed)
+        first = by_seed[seeds[0]]
+        per_seed = {key: {str(k): _metric(by_seed[k], key) for k in seeds}
+                    for key in ("dev_ndcg10", "test_ndcg10", "test_recall100", "biosses")}
+        means = {f"{key}_mean": round(statistics.mean(v), 4) if (v := [x for x in per_seed[key].values() if x is not None])
+                 else None for key in per_seed}
+        stage = {str(k): by_seed[k].get("iterations") and [it.get("stage_seconds") for it in by_seed[k]["iterations"]]
+                 or {key: by_seed[k].get(key) for key in ("train_seconds", "eval_seconds")} for k in seeds}
+        counts = {str(k): [{c: it.get(c) for c in ("q_conf", "c_conf", "generated", "verified", "kept")}
+                           for it in by_seed[k].get("iterations", [])] for k in seeds}
+        config = dict(first.get("settings") or {})
+        command = first.get("command") or ""
+        # machine paths -> the README's (SciFact downloaded to ~/data/scifact, runs under runs/)
+        for key, portable in (("scifact", "~/data/scifact"), ("out", f"runs/{Path(config.get('out') or out).name}")):
+            if config.get(key):
+                command = command.replace(str(config[key]), portable)
+                config[key] = portable
+        if seeds != [0]:
+            command = command.replace(f"--seeds {seeds[0]}", "--seeds " + " ".join(map(str, seeds)))
+        objects.append({"name": name, "kind": "baseline" if name in BASELINE_ROWS else "repair",
+                        "config": config, "command": command, "seeds": seeds,
+                        **per_seed, **means, "steps": first.get("steps"), "wall_seconds_per_stage": stage,
+                        "counts": counts if any(counts.values()) else None})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(objects, indent=1) + "\n")
+    return len(objects)
+
+
+def plot_dev(out: Path, path: Path) -> None:
+    """Dev nDCG@10 per row (each seed a dot, the mean a bar): baselines grey, REPAIR configurations blue."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(name, [v for r in by_seed.values() if (v := _metric(r, "dev_ndcg10")) is not None])
+            for name, by_seed in collect(out).items()]
+    rows = [(n, v) for n, v in rows if v]
+    rows.sort(key=lambda nv: (nv[0] not in BASELINE_ROWS, statistics.mean(nv[1])))
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(rows) + 1.2))
+    for y, (name, values) in enumerate(rows):
+        colour = "0.6" if name in BASELINE_ROWS else "tab:blue"
+        ax.barh(y, statistics.mean(values), color=colour, alpha=0.5)
+        ax.plot(values, [y] * len(values), "o", color=colour, ms=4)
+    ax.set_yticks(range(len(rows)), [f"{n} ({len(v)})" for n, v in rows])
+    lo = min(min(v) for _, v in rows)
+    ax.set_xlim(lo - 0.02, max(max(v) for _, v in rows) + 0.01)
+    ax.set_xlabel("dev nDCG@10 (162 held-out SciFact train claims; dots = seeds, bar = mean)")
+    ax.set_title("SciFact, all-MiniLM-L6-v2, equal steps: plain baselines (grey) vs REPAIR levers (blue)", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def row_command(row: str, seed: int) -> str:
+    """The one command line that reproduces this row and seed (this invocation with --rows/--seeds narrowed)."""
+    argv, skip = [], False
+    for tok in sys.argv[1:]:
+        if tok in ("--rows", "--seeds"):
+            skip = True
+            continue
+        if skip and not tok.startswith("--"):
+            continue
+        skip = False
+        argv.append(tok)
+    seeds = [] if row == "offshelf" else ["--seeds", str(seed)]
+    return shlex.join(["python", "bench/quality_scifact.py", *argv, "--rows", row, *seeds])
 
 
 def main() -> None:
@@ -301,10 +604,28 @@ def main() -> None:
     p.add_argument("--cn_extra", default="--num_mined 1 --max_retries 1 --write_tokens 160 --decompose_tokens 128 "
                                          "--target_words 100",
                    help="causalneg row: extra flags for 09b_counterfactual_negatives.py (CN_EXTRA; default: %(default)s)")
+    p.add_argument("--dev_ids", default=str(DEV_IDS.relative_to(ROOT)),
+                   help="dev claim ids (one per line; T0 = the other train claims); 'none' = the issue-9 protocol "
+                        "(T0 = all train claims, rows evaluated on test) (default: %(default)s)")
+    p.add_argument("--test", action="store_true",
+                   help="also evaluate each row on the test claims (final rows only: baselines and the chosen REPAIR "
+                        "configuration)")
+    p.add_argument("--st_relative_margin", type=float, default=0.05,
+                   help="st_mined row: mine_hard_negatives' relative_margin (false-negative guard) (default: %(default)s)")
+    p.add_argument("--served_generator", default=None, metavar="URL",
+                   help="repair_qwen* rows: the OpenAI-compatible endpoint serving Qwen2.5-Coder-1.5B-Instruct "
+                        "(python -m repair.model_packages serve qwen2.5-coder-1.5b --port 8080 --n_threads 1)")
     p.add_argument("--summarize", action="store_true", help="print the results table and exit")
+    p.add_argument("--export", default=None, metavar="JSON",
+                   help="write the machine-readable results (one object per row) here and exit")
+    p.add_argument("--plot", default=None, metavar="PNG", help="with --export/--summarize: plot dev nDCG@10 per row")
     args = p.parse_args()
     out = Path(args.out)
-    if args.summarize:
+    if args.summarize or args.export:
+        if args.export:
+            print(f"{export(out, Path(args.export))} rows -> {args.export}")
+        if args.plot:
+            plot_dev(out, Path(args.plot))
         print(summarize(out))
         return
     study = Study(args)
@@ -315,9 +636,11 @@ def main() -> None:
                 print(f"skip {key} (done)", flush=True)
                 continue
             t0 = time.time()
-            result = getattr(study, row)(seed)
+            result = study.variant(row, seed) if row in VARIANTS else getattr(study, row)(seed)
             result["wall_seconds"] = round(time.time() - t0)
-            result["settings"] = {k: v for k, v in vars(args).items() if k not in ("rows", "seeds", "summarize")}
+            result["settings"] = {k: v for k, v in vars(args).items()
+                                  if k not in ("rows", "seeds", "summarize", "export")}
+            result["command"] = row_command(row, seed)
             study.save(key, result)
     print(summarize(out))
 

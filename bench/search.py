@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from repair.search import exact_topk  # noqa: E402
+from repair.search import exact_topk
 
 
 def main() -> None:

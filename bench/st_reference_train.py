@@ -10,14 +10,11 @@ calibration describes: one positive per claim, scale 20 (= tau 0.05), batch 32, 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.data import load_seed  # noqa: E402
-from repair.models import minilm_folder  # noqa: E402
+from repair.data import load_seed
+from repair.models import minilm_folder
 
 
 def main() -> None:

@@ -21,9 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.models import DEFAULT_MODEL  # noqa: E402
+from repair.models import DEFAULT_MODEL
 
 
 def parse_args(argv=None) -> argparse.Namespace:

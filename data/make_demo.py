@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.beir_slice import write_beir_slice  # noqa: E402
-from repair.data import load_beir  # noqa: E402
+from repair.beir_slice import write_beir_slice
+from repair.data import load_beir
 
 SLICES = {  # name: (train claims, test claims, corpus size)
     "scifact-demo": (48, 30, 300),

@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import add_retriever_args, run_script  # noqa: E402
-from repair.diagnosis_stages import print_summary, run_margins  # noqa: E402
-from repair.encoding import Retriever  # noqa: E402
-from repair.runtime import cache_dir_flag, setup_logging  # noqa: E402
+from repair.cli import add_retriever_args, run_script
+from repair.diagnosis_stages import print_summary, run_margins
+from repair.encoding import Retriever
+from repair.runtime import cache_dir_flag, setup_logging
 
 
 def parse_args(argv=None) -> argparse.Namespace:

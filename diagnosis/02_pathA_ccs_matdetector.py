@@ -19,16 +19,13 @@ Example: python diagnosis/02_pathA_ccs_matdetector.py --pct 30 --dia_out_dir run
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.concepts import TokenClassificationExtractor  # noqa: E402
-from repair.diagnosis import PATHA_NER_DIR  # noqa: E402
-from repair.cli import run_script  # noqa: E402
-from repair.diagnosis_stages import add_pathA_args, check_pathA_args, print_summary, run_pathA  # noqa: E402
-from repair.runtime import setup_logging  # noqa: E402
+from repair.concepts import TokenClassificationExtractor
+from repair.diagnosis import PATHA_NER_DIR
+from repair.cli import run_script
+from repair.diagnosis_stages import add_pathA_args, check_pathA_args, print_summary, run_pathA
+from repair.runtime import setup_logging
 
 
 def parse_args(argv=None) -> argparse.Namespace:

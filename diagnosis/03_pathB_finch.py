@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.diagnosis import PATHA_DIR, PATHB_DIR  # noqa: E402
-from repair.cli import run_script  # noqa: E402
-from repair.diagnosis_stages import print_summary, run_pathB  # noqa: E402
-from repair.runtime import pick_device, setup_logging  # noqa: E402
+from repair.diagnosis import PATHA_DIR, PATHB_DIR
+from repair.cli import run_script
+from repair.diagnosis_stages import print_summary, run_pathB
+from repair.runtime import pick_device, setup_logging
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.diagnosis import MERGE_DIR, PATHA_DIR, PATHB_DIR  # noqa: E402
-from repair.cli import run_script  # noqa: E402
-from repair.diagnosis_stages import print_summary, run_merge  # noqa: E402
-from repair.runtime import setup_logging  # noqa: E402
+from repair.diagnosis import MERGE_DIR, PATHA_DIR, PATHB_DIR
+from repair.cli import run_script
+from repair.diagnosis_stages import print_summary, run_merge
+from repair.runtime import setup_logging
 
 
 def parse_args(argv=None) -> argparse.Namespace:

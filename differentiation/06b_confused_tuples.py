@@ -16,16 +16,14 @@ Example:
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import run_script  # noqa: E402
-from repair.confused_tuples import confused_query_tuples  # noqa: E402
-from repair.data import write_json, write_jsonl  # noqa: E402
-from repair.runtime import setup_logging  # noqa: E402
+from repair.cli import run_script
+from repair.confused_tuples import confused_query_tuples
+from repair.data import write_json, write_jsonl
+from repair.runtime import setup_logging
 
 
 def parse_args(argv=None) -> argparse.Namespace:

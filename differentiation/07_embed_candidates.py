@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import add_retriever_args, run_script  # noqa: E402
-from repair.embedding_dir import EmbedConfig, launch_embedding  # noqa: E402
-from repair.runtime import setup_logging  # noqa: E402
+from repair.cli import add_retriever_args, run_script
+from repair.embedding_dir import EmbedConfig, launch_embedding
+from repair.runtime import setup_logging
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -15,18 +15,16 @@ Example (README):
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import run_script  # noqa: E402
-from repair.data import write_json, write_jsonl  # noqa: E402
-from repair.embedding_dir import EmbeddingDir  # noqa: E402
-from repair.hard_negatives import select_hard_negatives  # noqa: E402
-from repair.runtime import setup_logging  # noqa: E402
-from repair.tables import text_table  # noqa: E402
-from repair.tuples import load_tuples  # noqa: E402
+from repair.cli import run_script
+from repair.data import write_json, write_jsonl
+from repair.embedding_dir import EmbeddingDir
+from repair.hard_negatives import select_hard_negatives
+from repair.runtime import setup_logging
+from repair.tables import text_table
+from repair.tuples import load_tuples
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -28,17 +28,15 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import fail, run_script  # noqa: E402
-from repair.generation import add_generator_args, generator_from_args  # noqa: E402
-from repair.causalneg.generate import POSITIONS, GenerationSettings  # noqa: E402
-from repair.causalneg.inputs import CorpusNegatives, load_items  # noqa: E402
-from repair.causalneg.pipeline import CONFIGS, METHODS, MINED_FROM, run_negatives  # noqa: E402
-from repair.runtime import setup_logging  # noqa: E402
-from repair.tables import text_table  # noqa: E402
+from repair.cli import fail, run_script
+from repair.generation import add_generator_args, generator_from_args
+from repair.causalneg.generate import POSITIONS, GenerationSettings
+from repair.causalneg.inputs import CorpusNegatives, load_items
+from repair.causalneg.pipeline import CONFIGS, METHODS, MINED_FROM, run_negatives
+from repair.runtime import setup_logging
+from repair.tables import text_table
 
 S = GenerationSettings.__dataclass_fields__
 

@@ -8,13 +8,10 @@ Example: python eval/eval_beir.py --model minilm --data ../shared/data/scifact -
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from eval_task import main as eval_task_main  # noqa: E402
-from repair.cli import run_script  # noqa: E402  (eval_task put the repo on sys.path)
+from eval_task import main as eval_task_main
+from repair.cli import run_script
 
 
 def main(argv=None) -> dict:

@@ -16,16 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.benchmarks import check_dataset, parse_dataset_spec  # noqa: E402
-from repair.cli import add_retriever_args, fail, load_retriever, model_fields, run_script  # noqa: E402
-from repair.data import write_json  # noqa: E402
-from repair.evaluation import STS_FORMATS, evaluate_dataset, results_table, scale_metrics  # noqa: E402
-from repair.runtime import setup_logging  # noqa: E402
+from repair.benchmarks import check_dataset, parse_dataset_spec
+from repair.cli import add_retriever_args, fail, load_retriever, model_fields, run_script
+from repair.data import write_json
+from repair.evaluation import STS_FORMATS, evaluate_dataset, results_table, scale_metrics
+from repair.runtime import setup_logging
 
 logger = logging.getLogger("eval_suite")
 

@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from repair.benchmarks import TASKS, DatasetSpec, check_dataset, dataset_name, infer_task, where_to_get  # noqa: E402
-from repair.cli import add_retriever_args, fail, load_retriever, model_fields, run_script  # noqa: E402
-from repair.data import write_json  # noqa: E402
-from repair.evaluation import CANDIDATES, DOC_TEXTS, STS_FORMATS, evaluate_dataset, scale_metrics  # noqa: E402
-from repair.runtime import setup_logging  # noqa: E402
+from repair.benchmarks import TASKS, DatasetSpec, check_dataset, dataset_name, infer_task, where_to_get
+from repair.cli import add_retriever_args, fail, load_retriever, model_fields, run_script
+from repair.data import write_json
+from repair.evaluation import CANDIDATES, DOC_TEXTS, STS_FORMATS, evaluate_dataset, scale_metrics
+from repair.runtime import setup_logging
 
 SHIPPED_BIOSSES = ROOT / "data" / "biosses" / "biosses.jsonl"
 

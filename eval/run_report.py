@@ -16,11 +16,10 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import run_script  # noqa: E402
-from repair.models import adapter_base  # noqa: E402
-from repair.report import (  # noqa: E402
+from repair.cli import run_script
+from repair.models import adapter_base
+from repair.report import (
     ReportError,
     collect,
     counts_table,

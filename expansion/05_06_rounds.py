@@ -21,11 +21,10 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import run_script  # noqa: E402
-from repair.driver_steps import StepFailed, StepRunner  # noqa: E402
-from repair.expansion_rounds import SOURCES, ExpansionRounds, run_expansion_rounds  # noqa: E402
+from repair.cli import run_script
+from repair.driver_steps import StepFailed, StepRunner
+from repair.expansion_rounds import SOURCES, ExpansionRounds, run_expansion_rounds
 
 QUERY_FORM_SETTINGS = ("title", "generated", "t0")
 

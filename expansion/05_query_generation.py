@@ -16,16 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import fail, run_script  # noqa: E402
-from repair.generation import (add_generator_args, add_sampling_args, generator_from_args,  # noqa: E402
+from repair.cli import fail, run_script
+from repair.generation import (add_generator_args, add_sampling_args, generator_from_args,
                                sampling_from_args)
-from repair.query_generation import Grounder, generate_queries, generation_summary, read_concepts  # noqa: E402
-from repair.runtime import setup_logging  # noqa: E402
-from repair.sources import SourceError, make_cache  # noqa: E402
+from repair.query_generation import Grounder, generate_queries, generation_summary, read_concepts
+from repair.runtime import setup_logging
+from repair.sources import SourceError, make_cache
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -8,13 +8,10 @@ Example: ELSEVIER_API_KEY=... python expansion/06_elsevier.py --generated_jsonl 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import run_script  # noqa: E402
-from repair.expansion_cli import verification_main  # noqa: E402
+from repair.cli import run_script
+from repair.expansion_cli import verification_main
 
 if __name__ == "__main__":
     run_script(lambda argv: verification_main("elsevier", argv))

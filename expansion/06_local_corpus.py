@@ -8,13 +8,10 @@ Count valid tuples (for the 2 x |T0| loop): python expansion/06_local_corpus.py 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import run_script  # noqa: E402
-from repair.expansion_cli import verification_main  # noqa: E402
+from repair.cli import run_script
+from repair.expansion_cli import verification_main
 
 if __name__ == "__main__":
     run_script(lambda argv: verification_main("local_corpus", argv))

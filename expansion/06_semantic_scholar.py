@@ -11,13 +11,10 @@ Example (the paper):
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import run_script  # noqa: E402
-from repair.expansion_cli import verification_main  # noqa: E402
+from repair.cli import run_script
+from repair.expansion_cli import verification_main
 
 if __name__ == "__main__":
     run_script(lambda argv: verification_main("semantic_scholar", argv))

@@ -22,16 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import run_script  # noqa: E402
-from repair.data import load_seed  # noqa: E402
-from repair.generation import (add_generator_args, add_sampling_args, generator_from_args,  # noqa: E402
+from repair.cli import run_script
+from repair.data import load_seed
+from repair.generation import (add_generator_args, add_sampling_args, generator_from_args,
                                sampling_from_args)
-from repair.runtime import setup_logging  # noqa: E402
-from repair.t0_style import T0_ON_FAILURE, T0_STYLES, rewrite_t0_style  # noqa: E402
+from repair.runtime import setup_logging
+from repair.t0_style import T0_ON_FAILURE, T0_STYLES, rewrite_t0_style
 
 
 def parse_args(argv=None) -> argparse.Namespace:

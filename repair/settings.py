@@ -27,6 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .data import write_json
 from .settings_table import SETTINGS, Setting
+from .train_config import CAUSALNEG_QEM_LAMBDA, TrainConfig
 
 RECORD_FILE = "settings.json"
 PROFILE_DIR = "configs"
@@ -133,8 +134,10 @@ def resolve(environ: Mapping[str, str], root: Path) -> Resolved:
             values[s.name], origin[s.name] = s.default, "default"
     computed = {
         "GEN_MODEL": values["MODEL"],
-        "NUM_HARD_NEG": "-1" if values["NEGATIVES"] == "causalneg" else "1",
-        "QEM_LAMBDA": "0.1" if values["NEGATIVES"] == "causalneg" else "0",
+        # causalneg trains on every negative of a line with QEM; plain REPAIR on the trainer's own defaults
+        "NUM_HARD_NEG": "-1" if values["NEGATIVES"] == "causalneg" else str(TrainConfig.num_hard_negatives),
+        "QEM_LAMBDA": (str(CAUSALNEG_QEM_LAMBDA) if values["NEGATIVES"] == "causalneg"
+                       else f"{TrainConfig.qem_lambda:g}"),
         "OPENAI_URL": environ.get("OPENAI_BASE_URL", ""),
         "LOCAL_CORPUS": "",
     }

@@ -65,7 +65,8 @@ def mixed_examples():
 def lora_retriever(model_dir: str | Path, dropout: float = 0.0, checkpointing: str = "off", seed: int = 0):
     """A LoRA retriever on the tiny model with random (non-zero) A and B, so every LoRA weight gets gradient."""
     from repair.runtime import set_seed
-    from repair.train import TrainConfig, build_retriever
+    from repair.train import build_retriever
+    from repair.train_config import TrainConfig
 
     set_seed(seed)
     cfg = TrainConfig(output_dir="unused", model=str(model_dir), lora_dropout=dropout, init_lora_weights=False,

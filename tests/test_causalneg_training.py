@@ -14,7 +14,8 @@ from repair.causalneg.dynamics import probe_run, read_train_log, weight_dynamics
 from repair.causalneg.generate import GenerationSettings
 from repair.causalneg.inputs import CorpusNegatives, load_items
 from repair.causalneg.pipeline import CONFIGS, run_negatives
-from repair.train import TrainConfig, train
+from repair.train import train
+from repair.train_config import TrainConfig
 from tests.helpers_sources import FakeServer, openai_route
 from tests.test_negatives import _scripted_reply
 

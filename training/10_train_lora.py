@@ -20,15 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from repair.cli import add_retriever_args, run_script  # noqa: E402
-from repair.runtime import process_group, setup_logging  # noqa: E402
-from repair.train import train  # noqa: E402
-from repair.train_config import BASE_DTYPES, CAUSALNEG_QEM_LAMBDA, TrainConfig  # noqa: E402
+from repair.cli import add_retriever_args, run_script
+from repair.runtime import process_group, setup_logging
+from repair.train import train
+from repair.train_config import BASE_DTYPES, CAUSALNEG_QEM_LAMBDA, TrainConfig
 
 D = TrainConfig.__dataclass_fields__
 

@@ -163,7 +163,8 @@ def probe_run(run_dir: str | Path, n: int = 16, device: str | None = None) -> li
 
     from ..data import read_json
     from ..runtime import pick_device
-    from ..train import ARGS_FILE, TrainConfig, build_retriever, list_checkpoints
+    from ..train import ARGS_FILE, build_retriever, list_checkpoints
+    from ..train_config import TrainConfig
     from ..train_data import expand_paths
 
     run_dir = Path(run_dir)

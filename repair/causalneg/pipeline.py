@@ -37,7 +37,7 @@ class NegativeConfig:
     num_mined: int
     method: str            # METHODS
     k: int                 # generated negatives per augmented query
-    qem_lambda: float      # trainer --qem_lambda (the trainer's own default is 0.1: pass 0 explicitly)
+    qem_lambda: float      # trainer --qem_lambda (the trainer's own default is 0: plain InfoNCE)
     description: str
 
     def trainer_flags(self, qem_tau: float = 0.1) -> list[str]:
