@@ -1,13 +1,13 @@
-"""Every setting of ``run_repair.sh`` in one table: default, type, range, help, and whether it changes results.
+"""Resolving, checking and recording the driver's settings (the table itself: :mod:`repair.settings_table`).
 
 Why in Python: the driver used to check a few settings in bash and let the rest fail minutes into a run
 (``PCT=150`` failed in step 01 after the baseline evaluation), and a rerun in a finished run folder silently
 ignored changed settings. Here each rule is one table entry, tested in ``tests/test_settings.py``, and a check
-takes a fraction of a second (stdlib only: no torch import).
+takes a fraction of a second (no torch import).
 
 Resolution, highest first: a non-empty environment variable, the profile (``PROFILE=demo | demo-tiny | FILE``,
 ``configs/*.env``; ``DEMO=full|tiny`` is an alias used when TRAIN_DATA is unset), the table's default.
-The driver calls ``python -m repair.settings resolve``: it validates everything, compares with the run
+The driver calls ``python -m repair.settings resolve``: it validates everything, reads |T0|, compares with the run
 folder's ``settings.json`` (the settings its finished steps were made with) and prints shell assignments.
 """
 
