@@ -344,8 +344,8 @@ class Study:
         if self.dev and a.test:  # the final model on the test claims (final rows only)
             final = run_dir / f"iter{report['iterations'][-1]['iter']}" / "adapter"
             result.update({k: v for k, v in self.evaluate(name, str(final), "test").items() if k != "biosses"})
-        return {**result, "iterations": per_iter, "steps": sum(trained_steps(run_dir / f"iter{it['iter']}" / "adapter")
-                                                              for it in report["iterations"]),
+        adapters = [run_dir / f"iter{it['iter']}" / "adapter" for it in report["iterations"] if it["iter"] > 0]
+        return {**result, "iterations": per_iter, "steps": sum(trained_steps(folder) for folder in adapters),
                 "seconds": round(seconds), "run_dir": str(run_dir)}
 
     def reuse_eval(self, evaluated: str, run_dir: Path) -> None:
