@@ -148,7 +148,7 @@ class Study:
             self.scifact = self.make_dev_folder(Path(args.dev_ids))
         if args.steps is None:  # 2 epochs of T0 at batch 32: 42 steps on the 647 T0 claims (52 on all 809)
             args.steps = 2 * math.ceil(len(load_seed(self.scifact, split="train")) / 32)
-        self.biosses = str(ROOT / "data" / "biosses")
+        self.biosses = str(Path(args.biosses).resolve())
         # what a row is chosen on: dev claims under the dev protocol, else (issue 9) the test claims
         self.select_split = "dev" if self.dev else "test"
 
@@ -515,9 +515,10 @@ def export(out: Path, path: Path) -> int:
         config = dict(first.get("settings") or {})
         command = first.get("command") or ""
         # machine paths -> the README's (SciFact downloaded to ~/data/scifact, runs under runs/)
-        for key, portable in (("scifact", "~/data/scifact"), ("out", f"runs/{Path(config.get('out') or out).name}")):
+        for key, portable in (("scifact", "~/data/scifact"), ("out", f"runs/{Path(config.get('out') or out).name}"),
+                              ("biosses", "data/biosses")):
             if config.get(key):
-                command = command.replace(str(config[key]), portable)
+                command = command.replace(str(config[key]), portable).replace(" --biosses data/biosses", "")
                 config[key] = portable
         if seeds != [0]:
             command = command.replace(f"--seeds {seeds[0]}", "--seeds " + " ".join(map(str, seeds)))
@@ -578,6 +579,9 @@ def main() -> None:
     p.add_argument("--rows", nargs="+", default=["offshelf", "inbatch", "bm25", "repair"],
                    help="rows to run (see the module docstring)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="training seeds (default: %(default)s)")
+    p.add_argument("--biosses", default=str(ROOT / "data" / "biosses"),
+                   help="BIOSSES folder (default: the shipped copy; a driver row's recorded settings name it, so a "
+                        "study resumed from another checkout passes the path its rows were made with)")
     p.add_argument("--model", default="minilm", help="backbone (default: %(default)s)")
     p.add_argument("--generator", default="smollm2-135m", help="query/negative generator (default: %(default)s)")
     p.add_argument("--full_finetune", type=int, default=1, help="1 = full fine-tuning, 0 = LoRA (default: 1)")
