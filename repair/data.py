@@ -349,6 +349,18 @@ class SeedSet:
     def __len__(self) -> int:
         return len(self.queries)
 
+    def add(self, query: str, passage: str, row: int, query_id: str | None = None, doc_id: str | None = None) -> None:
+        """Keep a (query, positive) row of the source, or count it as dropped when either text is empty."""
+        if not query or not passage:
+            self.dropped += 1
+            return
+        self.queries.append(query)
+        self.passages.append(passage)
+        if query_id is not None:
+            self.query_ids.append(query_id)
+            self.doc_ids.append(doc_id)
+        self.kept_rows.append(row)
+
     def twins(self) -> list[list[int]]:
         """Rows whose passage or query text equals row i's: their passages are positives of i, never negatives.
 
@@ -381,13 +393,7 @@ def _seed_from_records(records: Iterable[tuple[str, dict]], source: str) -> Seed
     for row, (where, record) in enumerate(records):
         if not isinstance(record, dict):
             raise DataError(f"{where}: expected a dict with a query and a passage, got {type(record).__name__}")
-        query, passage = _first_text(record, QUERY_KEYS), _first_text(record, PASSAGE_KEYS)
-        if not query or not passage:
-            seed.dropped += 1
-            continue
-        seed.queries.append(query)
-        seed.passages.append(passage)
-        seed.kept_rows.append(row)
+        seed.add(_first_text(record, QUERY_KEYS), _first_text(record, PASSAGE_KEYS), row)
     if seed.dropped:
         logger.info("%s: dropped %d rows with an empty query or passage", source, seed.dropped)
     return seed
@@ -463,15 +469,7 @@ def load_seed_beir(folder: str | os.PathLike, split: str = "train", all_positive
         for did in positives if all_positives else positives[:1]:
             if did not in data.corpus:
                 raise DataError(f"{folder}/qrels/{split}.tsv: corpus-id {did} (query {qid}) is not in the corpus")
-            query, passage = data.queries[qid].strip(), data.doc_text(did)
-            if not query or not passage:
-                seed.dropped += 1
-                continue
-            seed.queries.append(query)
-            seed.passages.append(passage)
-            seed.query_ids.append(qid)
-            seed.doc_ids.append(did)
-            seed.kept_rows.append(len(seed.kept_rows) + seed.dropped)
+            seed.add(data.queries[qid].strip(), data.doc_text(did), len(seed.kept_rows) + seed.dropped, qid, did)
     return seed
 
 
