@@ -10,7 +10,7 @@ from __future__ import annotations
 
 
 
-from eval_task import main as eval_task_main
+from repair.evaluation_cli import main as eval_task_main
 from repair.cli import run_script
 
 
