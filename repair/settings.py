@@ -5,8 +5,9 @@ Why in Python: the driver used to check a few settings in bash and let the rest 
 ignored changed settings. Here each rule is one table entry, tested in ``tests/test_settings.py``, and a check
 takes a fraction of a second (no torch import).
 
-Resolution, highest first: a non-empty environment variable, the profile (``PROFILE=demo | demo-tiny | FILE``,
-``configs/*.env``; ``DEMO=full|tiny`` is an alias used when TRAIN_DATA is unset), the table's default.
+Resolution, highest first: a non-empty environment variable, the profile
+(``PROFILE=demo | demo-tiny | confused | FILE``, ``configs/*.env``; ``DEMO=full|tiny`` is an alias used when
+TRAIN_DATA is unset), the table's default.
 The driver calls ``python -m repair.settings resolve``: it validates everything, reads |T0|, compares with the run
 folder's ``settings.json`` (the settings its finished steps were made with) and prints shell assignments.
 """

@@ -92,7 +92,8 @@ def test_profiles_sit_between_defaults_and_the_environment(tmp_path):
     assert resolve({"PROFILE": "demo-tiny", "ITERS": "3"}, ROOT).values["ITERS"] == "3"  # the environment wins
     with pytest.raises(SettingsError, match="DEMO must be full or tiny, got 'huge'"):
         resolve({"DEMO": "huge"}, ROOT)
-    with pytest.raises(SettingsError, match="PROFILE must be demo \\| demo-tiny or a profile file, got 'fast'"):
+    with pytest.raises(SettingsError,
+                       match="PROFILE must be confused \\| demo \\| demo-tiny or a profile file, got 'fast'"):
         resolve({"PROFILE": "fast"}, ROOT)
 
     own = tmp_path / "mine.env"
@@ -107,6 +108,22 @@ def test_profiles_sit_between_defaults_and_the_environment(tmp_path):
     own.write_text("TRAIN_DATA=x\nPCTT=20\n")
     with pytest.raises(SettingsError, match=f"{own}:2: unknown setting 'PCTT'"):
         resolve({"PROFILE": str(own)}, ROOT)
+
+
+def test_every_shipped_profile_validates_and_confused_is_issue_16s_configuration():
+    """A profile in configs/ is a command users run: each must pass the up-front checks as shipped (given a T0
+    where it leaves TRAIN_DATA to the user), and PROFILE=confused must set the lever it is named for."""
+    profiles = sorted(p.stem for p in (ROOT / "configs").glob("*.env"))
+    assert profiles == ["confused", "demo", "demo-tiny"]
+    for name in profiles:
+        env = {"PROFILE": name}
+        if not resolve(env, ROOT).values["TRAIN_DATA"]:
+            assert validate(resolve(env, ROOT), env)[0].startswith("TRAIN_DATA is not set")
+            env["TRAIN_DATA"] = str(TINY)
+        assert validate(resolve(env, ROOT), env) == [], name
+    confused = resolve({"PROFILE": "confused", "TRAIN_DATA": str(TINY)}, ROOT).values
+    assert {k: confused[k] for k in ("CONFUSED_TUPLES", "EXPANSION", "ITERS", "MODEL", "FULL_FINETUNE")} == {
+        "CONFUSED_TUPLES": "1", "EXPANSION": "0", "ITERS": "1", "MODEL": "minilm", "FULL_FINETUNE": "1"}
 
 
 def test_a_rerun_with_result_changing_settings_is_refused_naming_each(tmp_path):
