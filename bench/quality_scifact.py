@@ -22,6 +22,7 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
                         tuples + QEM); iteration 1's stages up to 09 are copied from repair_s<seed> when it has them
   repair_basegen        as repair, but the generator is the plain backbone in every iteration (GEN_ADAPTER=none;
                         the paper merges the retriever's adapter into it); iteration 1 is copied from repair_s<seed>
+  bm25_conf             bm25's data + repair_conf_only's kept tuples (lever 3 on top of the strongest baseline)
   inbatch2x / bm25x2    the 2-iteration budget (2 x --steps) for plain fine-tuning, to compare with repair iter 2
   st_reference          sentence-transformers' own trainer (MultipleNegativesRankingLoss), the calibration peer
 
@@ -306,6 +307,17 @@ class Study:
     def st_mined(self, seed: int) -> dict:
         return self._train_and_eval(f"st_mined_s{seed}", ["--triplets", self.st_mined_triplets(),
                                                           "--num_hard_negatives", "1"], self.args.steps, seed)
+
+    def bm25_conf(self, seed: int) -> dict:
+        """The strongest plain baseline and lever 3 together: T0 with its BM25 negative (the bm25 row's data) plus
+        the kept tuples of repair_conf_only_s<seed> (the diagnosed claims with their model-aware Eq. 7 negative),
+        trained from the backbone for the same --steps; the diagnosed claims appear twice, as in repair_conf_only."""
+        tuples = (self.out / "repair" / f"repair_conf_only_s{seed}" / "iter1" / "differentiation"
+                  / "final_train_data.bottom_30pct.jsonl")
+        if not tuples.exists():
+            raise SystemExit(f"bm25_conf: run the repair_conf_only row for seed {seed} first ({tuples})")
+        return self._train_and_eval(f"bm25_conf_s{seed}", ["--triplets", self.bm25_triplets(), "--triplets", tuples,
+                                                           "--num_hard_negatives", "1"], self.args.steps, seed)
 
     def inbatch_cont(self, seed: int) -> dict:
         """Plain fine-tuning continued from inbatch_s<seed> for --steps more: the control of repair_from_ft."""
