@@ -138,6 +138,9 @@ VARIANTS: dict[str, tuple[dict[str, str], str | None]] = {
     "repair_conf_only_global": ({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "POOL": "global"}, "08:repair_conf_only"),
     "repair_conf_only_eqclaims": ({"CONFUSED_TUPLES": "1", "EXPANSION": "0"}, "09:repair_conf_only"),
     "repair_conf_only_from_ft": ({"CONFUSED_TUPLES": "1", "EXPANSION": "0"}, None),
+    # Eq. 6 with kappa = TOP_K: keep the diagnosed claims whose gold positive ranks low in its own pool (the most
+    # confused ones, which kappa 5 drops although their positive is gold, not generated)
+    "repair_conf_only_k15": ({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),
 }
 
 
