@@ -654,6 +654,7 @@ def main() -> None:
         print(summarize(out))
         return
     study = Study(args)
+    settings = {k: v for k, v in vars(args).items() if k not in ("rows", "seeds", "summarize", "export")}
     for row in args.rows:
         for seed in ([0] if row == "offshelf" else args.seeds):
             key = row if row == "offshelf" else f"{row}_s{seed}"
@@ -667,15 +668,13 @@ def main() -> None:
                 # the test evaluation runs; the row keeps its dev numbers, walls and command (plus --test)
                 result = study.variant(row, seed) if row in VARIANTS else getattr(study, row)(seed)
                 done.update({k: v for k, v in result.items() if k.startswith("test_")})
-                done["command"] = row_command(row, seed)
-                done.setdefault("settings", {})["test"] = True
+                done["command"], done["settings"] = row_command(row, seed), settings
                 study.save(key, done)
                 continue
             t0 = time.time()
             result = study.variant(row, seed) if row in VARIANTS else getattr(study, row)(seed)
             result["wall_seconds"] = round(time.time() - t0)
-            result["settings"] = {k: v for k, v in vars(args).items()
-                                  if k not in ("rows", "seeds", "summarize", "export")}
+            result["settings"] = settings
             result["command"] = row_command(row, seed)
             study.save(key, result)
     print(summarize(out))
