@@ -43,12 +43,14 @@ import json
 import math
 import os
 import random
+import re
 import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,35 +114,53 @@ def run(cmd: list[str], log: Path, env: dict | None = None) -> float:
     return time.time() - t0
 
 
-# REPAIR configurations (issue 16's levers), each one driver row: (extra driver settings, the last iteration-1 step
-# it shares with repair_s<seed>: those steps' outputs are copied instead of recomputed, since the same commands with
-# the same seed write the same files; None = nothing shared). Each is opt-in; "repair" is the faithful pipeline.
-VARIANTS: dict[str, tuple[dict[str, str], str | None]] = {
-    "repair": ({}, None),
-    "repair_conf": ({"CONFUSED_TUPLES": "1"}, "06"),      # lever 3: Q_conf's own claims through Stage III too
-    "repair_conf_only": ({"CONFUSED_TUPLES": "1", "EXPANSION": "0"}, "04"),  # lever 3 without Stage II's tuples
-    "repair_conf_only_guard": ({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "FN_PCT": "0.95"}, "04"),
-    "repair_conf_all": ({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "PCT": "100"}, None),  # every T0 claim diagnosed
-    "repair_guard": ({"FN_PCT": "0.95"}, "07"),           # lever 5: 08's false-negative guard (NV-Retriever PercPos)
-    "repair_global": ({"POOL": "global"}, "08"),          # lever 5: the original's global pool in 09
-    "repair_neg3": ({"NUM_HARD_NEG": "3"}, "09"),         # lever 5: three hard negatives per triplet
-    "repair_qgen": ({"QUERY_FORM": "generated"}, "05"),   # lever 2: the LLM's own query is q_new
-    "repair_eqclaims": ({}, "09"),                        # lever 4: T0's full epochs + the tuples (more steps)
+class Variant(NamedTuple):
+    """A REPAIR configuration (issue 16's levers), one driver row. Each is opt-in; "repair" is the faithful pipeline."""
+    settings: dict[str, str]   # extra driver settings (run_repair.sh variables)
+    # "STEP[:ROW]": the last iteration-1 step shared with ROW_s<seed> (default repair): those steps' outputs are
+    # copied instead of recomputed, since the same commands with the same seed write the same files; None = nothing
+    shared: str | None = None
+    budget: str = "steps"      # "steps": --steps optimizer steps; "claims": 2 epochs of T0 + tuples (lever 4)
+    start: str = "offshelf"    # "inbatch": iteration 1 diagnoses and trains inbatch_s<seed>'s model (lever 4)
+
+
+VARIANTS: dict[str, Variant] = {
+    "repair": Variant({}, None),
+    "repair_conf": Variant({"CONFUSED_TUPLES": "1"}, "06"),      # lever 3: Q_conf's own claims through Stage III too
+    "repair_conf_only": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0"}, "04"),  # lever 3 without Stage II's tuples
+    # lever 5 on lever 3: 08's false-negative guard over lever 3's diagnosis, tuples and embeddings
+    "repair_conf_only_guard": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "FN_PCT": "0.95"}, "07:repair_conf_only"),
+    "repair_conf_all": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "PCT": "100"}, None),  # every T0 claim diagnosed
+    "repair_guard": Variant({"FN_PCT": "0.95"}, "07"),           # lever 5: 08's false-negative guard (NV-Retriever PercPos)
+    "repair_global": Variant({"POOL": "global"}, "08"),          # lever 5: the original's global pool in 09
+    "repair_neg3": Variant({"NUM_HARD_NEG": "3"}, "09"),         # lever 5: three hard negatives per triplet
+    "repair_qgen": Variant({"QUERY_FORM": "generated"}, "05"),   # lever 2: the LLM's own query is q_new
+    "repair_eqclaims": Variant({}, "09", budget="claims"),  # lever 4: T0's full epochs + the tuples (more steps)
     # lever 1: Qwen2.5-Coder-1.5B-Instruct served by llama.cpp (--served_generator URL) writes the queries; the
     # _gen / _t0 rows share its generated queries (the same 05 command) and change only what q_new is (lever 2)
-    "repair_qwen": ({"QWEN": "1"}, "04"),
-    "repair_qwen_gen": ({"QWEN": "1", "QUERY_FORM": "generated"}, "05:repair_qwen"),
-    "repair_qwen_t0": ({"QWEN": "1", "QUERY_FORM": "t0"}, "06:repair_qwen"),
-    "repair_qwen_gen_conf": ({"QWEN": "1", "QUERY_FORM": "generated", "CONFUSED_TUPLES": "1"}, "06:repair_qwen_gen"),
-    "repair_from_ft": ({}, None),                         # lever 4: iteration 1 starts from inbatch_s<seed>
+    "repair_qwen": Variant({"QWEN": "1"}, "04"),
+    "repair_qwen_gen": Variant({"QWEN": "1", "QUERY_FORM": "generated"}, "05:repair_qwen"),
+    "repair_qwen_t0": Variant({"QWEN": "1", "QUERY_FORM": "t0"}, "06:repair_qwen"),
+    "repair_qwen_gen_conf": Variant({"QWEN": "1", "QUERY_FORM": "generated", "CONFUSED_TUPLES": "1"}, "06:repair_qwen_gen"),
+    # lever 1 in-process (no llama.cpp build): Qwen2.5-Coder-0.5B-Instruct through transformers (GENERATORS=1), a
+    # half-size generation round (GEN_ROUND 324 of |T0| 647) so a row fits a session on two CPU cores, and the
+    # diagnosis of lever 3's row (the same Stage I commands). The _gen row (levers 1 + 2: the LLM's query is q_new)
+    # generates; the title row (lever 1 alone) shares its generated queries and redoes verification; _gen_conf
+    # (levers 1 + 2 + 3) shares its verified tuples and adds Q_conf's own claims in Stage III.
+    "repair_qwen05_gen": Variant({"GEN_MODEL": "qwen2.5-coder-0.5b", "GEN_ROUND": "324", "QUERY_FORM": "generated"},
+                          "04:repair_conf_only"),
+    "repair_qwen05": Variant({"GEN_MODEL": "qwen2.5-coder-0.5b", "GEN_ROUND": "324"}, "05:repair_qwen05_gen"),
+    "repair_qwen05_gen_conf": Variant({"GEN_MODEL": "qwen2.5-coder-0.5b", "GEN_ROUND": "324", "QUERY_FORM": "generated",
+                                "CONFUSED_TUPLES": "1"}, "06:repair_qwen05_gen"),
+    "repair_from_ft": Variant({}, None, start="inbatch"),  # lever 4: iteration 1 starts from inbatch_s<seed>
     # levers 4 and 5 on lever 3's configuration (the best on dev): the same diagnosis and tuples, reused
-    "repair_conf_only_neg3": ({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "NUM_HARD_NEG": "3"}, "09:repair_conf_only"),
-    "repair_conf_only_global": ({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "POOL": "global"}, "08:repair_conf_only"),
-    "repair_conf_only_eqclaims": ({"CONFUSED_TUPLES": "1", "EXPANSION": "0"}, "09:repair_conf_only"),
-    "repair_conf_only_from_ft": ({"CONFUSED_TUPLES": "1", "EXPANSION": "0"}, None),
+    "repair_conf_only_neg3": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "NUM_HARD_NEG": "3"}, "09:repair_conf_only"),
+    "repair_conf_only_global": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "POOL": "global"}, "08:repair_conf_only"),
+    "repair_conf_only_eqclaims": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0"}, "09:repair_conf_only", budget="claims"),
+    "repair_conf_only_from_ft": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0"}, None, start="inbatch"),
     # Eq. 6 with kappa = TOP_K: keep the diagnosed claims whose gold positive ranks low in its own pool (the most
     # confused ones, which kappa 5 drops although their positive is gold, not generated)
-    "repair_conf_only_k15": ({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),
+    "repair_conf_only_k15": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),
 }
 
 
@@ -426,20 +446,20 @@ class Study:
 
     def variant(self, row: str, seed: int) -> dict:
         """A REPAIR configuration of ``VARIANTS``: its settings on top of the faithful row's, sharing what it can."""
-        settings, shared = VARIANTS[row]
-        upto, _, source_row = (shared or "").partition(":")
+        variant = VARIANTS[row]
+        upto, _, source_row = (variant.shared or "").partition(":")
         name = f"{row}_s{seed}"
         run_dir = self.out / "repair" / name
-        extra = dict(settings)
+        extra = dict(variant.settings)
         if extra.pop("QWEN", None):
             if not self.args.served_generator:
                 raise SystemExit(f"{row}: needs --served_generator URL (python -m repair.model_packages serve "
                                  "qwen2.5-coder-1.5b --port 8080 --n_threads 1)")
             extra.update({"GENERATOR": "openai", "OPENAI_URL": self.args.served_generator,
                           "OPENAI_EXTRA": '{"repeat_penalty": 1.2}'})
-        if row.endswith("_eqclaims"):  # the budget counted in claims: 2 epochs of T0 + tuples, no step cap
+        if variant.budget == "claims":  # the budget counted in claims: 2 epochs of T0 + tuples, no step cap
             extra["TRAIN_EXTRA"] = "--epochs 2 --warmup_ratio 0.1 --weight_decay 0.01 --save_steps 0 --no_progress"
-        if row.endswith("_from_ft"):  # iteration 1 diagnoses and trains the plain fine-tuned model
+        if variant.start == "inbatch":  # iteration 1 diagnoses and trains the plain fine-tuned model
             start = self.out / "train" / f"inbatch_s{seed}"
             if not training_finished(start):
                 raise SystemExit(f"{row}: run the inbatch row for seed {seed} first ({start})")
@@ -447,7 +467,7 @@ class Study:
             self.reuse_eval(f"inbatch_s{seed}", run_dir)
         reused = self.reuse_repair_stages(seed, run_dir, upto, source_row or "repair") if upto else False
         result = self._driver(name, seed, extra)
-        if row.endswith("_from_ft"):
+        if variant.start == "inbatch":
             result["steps"] += self.args.steps  # the in-batch training it starts from
         return {**result, "reused_repair_stages": reused}
 
@@ -505,10 +525,10 @@ def _stat(values: list[float]) -> str:
     return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
 
 
-def summarize(out: Path) -> str:
+def summarize(rows_by_name: dict[str, dict[int, dict]]) -> str:
     """The results table: per row, mean ± sample standard deviation over its seeds (per-seed values in the JSON)."""
     rows = []
-    for name, by_seed in collect(out).items():
+    for name, by_seed in rows_by_name.items():
         results = [by_seed[k] for k in sorted(by_seed)]
         cells = [_stat([v for r in results if (v := _metric(r, key)) is not None])
                  for key in ("dev_ndcg10", "test_ndcg10", "test_recall100", "biosses")]
@@ -519,58 +539,98 @@ def summarize(out: Path) -> str:
                           rows)
 
 
-def export(out: Path, path: Path) -> int:
-    """``docs/results/scifact_minilm.json``: one object per row, every number read from the row files."""
+METRICS = ("dev_ndcg10", "test_ndcg10", "test_recall100", "biosses")
+
+
+def recorded_rows(path: Path) -> dict[str, dict[int, dict]]:
+    """The per-seed results an earlier ``--export`` recorded (the inverse of ``export``): what ``--merge`` keeps of a
+    run folder that is gone (a new machine, a new session). Each result carries its recorded walls and counts."""
+    rows: dict[str, dict[int, dict]] = {}
+    for obj in json.loads(path.read_text()):
+        for seed in obj["seeds"]:
+            result = {key: obj[key].get(str(seed)) for key in METRICS}
+            result.update({"steps": obj.get("steps"), "settings": obj.get("config"), "command": obj.get("command"),
+                           "recorded_stage": (obj.get("wall_seconds_per_stage") or {}).get(str(seed)),
+                           "recorded_counts": (obj.get("counts") or {}).get(str(seed), []),
+                           "recorded_in": str(path)})
+            rows.setdefault(obj["name"], {})[seed] = result
+    return rows
+
+
+def merged_rows(out: Path, recorded: Path | None) -> dict[str, dict[int, dict]]:
+    """The run folder's rows, plus (with ``recorded``) every (row, seed) of an earlier export the folder lacks. A
+    (row, seed) in both keeps the recorded result, the one its test numbers were computed on, and prints the
+    folder's rerun next to it (how the study's determinism is checked on a new machine)."""
+    rows = collect(out)
+    if recorded is None or not recorded.exists():
+        return rows
+    merged = recorded_rows(recorded)
+    for name, by_seed in rows.items():
+        for seed, result in by_seed.items():
+            kept = merged.setdefault(name, {}).get(seed)
+            if kept is None:
+                merged[name][seed] = result
+            else:
+                rerun = {k: result.get(k) for k in METRICS if result.get(k) is not None}
+                print(f"{name} seed {seed}: kept the recorded result "
+                      f"{ {k: kept.get(k) for k in rerun} }; this folder's rerun: {rerun}", flush=True)
+    return merged
+
+
+def export(rows: dict[str, dict[int, dict]], path: Path) -> list[dict]:
+    """``docs/results/scifact_minilm.json``: one object per row, every number read from the row files (or, for rows
+    kept by ``--merge``, from the export that read them)."""
     objects = []
-    for name, by_seed in collect(out).items():
+    for name, by_seed in rows.items():
         seeds = sorted(by_seed)
         first = by_seed[seeds[0]]
-        per_seed = {key: {str(k): _metric(by_seed[k], key) for k in seeds}
-                    for key in ("dev_ndcg10", "test_ndcg10", "test_recall100", "biosses")}
+        per_seed = {key: {str(k): _metric(by_seed[k], key) for k in seeds} for key in METRICS}
         means = {f"{key}_mean": round(statistics.mean(v), 4) if (v := [x for x in per_seed[key].values() if x is not None])
                  else None for key in per_seed}
-        stage = {str(k): by_seed[k].get("iterations") and [it.get("stage_seconds") for it in by_seed[k]["iterations"]]
+        stage = {str(k): by_seed[k]["recorded_stage"] if "recorded_stage" in by_seed[k] else
+                 by_seed[k].get("iterations") and [it.get("stage_seconds") for it in by_seed[k]["iterations"]]
                  or {key: by_seed[k].get(key) for key in ("train_seconds", "eval_seconds")} for k in seeds}
-        counts = {str(k): [{c: it.get(c) for c in ("q_conf", "c_conf", "generated", "verified", "kept")}
-                           for it in by_seed[k].get("iterations", [])] for k in seeds}
+        counts = {str(k): by_seed[k]["recorded_counts"] if "recorded_counts" in by_seed[k] else
+                  [{c: it.get(c) for c in ("q_conf", "c_conf", "generated", "verified", "kept")}
+                   for it in by_seed[k].get("iterations", [])] for k in seeds}
         config = dict(first.get("settings") or {})
         command = first.get("command") or ""
         # machine paths -> the README's (SciFact downloaded to ~/data/scifact, runs under runs/)
-        for key, portable in (("scifact", "~/data/scifact"), ("out", f"runs/{Path(config.get('out') or out).name}"),
+        for key, portable in (("scifact", "~/data/scifact"), ("out", f"runs/{Path(config.get('out') or 'runs/quality_dev').name}"),
                               ("biosses", "data/biosses")):
             if config.get(key):
                 command = command.replace(str(config[key]), portable).replace(" --biosses data/biosses", "")
                 config[key] = portable
         if seeds != [0]:
-            command = command.replace(f"--seeds {seeds[0]}", "--seeds " + " ".join(map(str, seeds)))
+            command = re.sub(r"--seeds( \d+)+", "--seeds " + " ".join(map(str, seeds)), command)
         objects.append({"name": name, "kind": "baseline" if name in BASELINE_ROWS else "repair",
                         "config": config, "command": command, "seeds": seeds,
                         **per_seed, **means, "steps": first.get("steps"), "wall_seconds_per_stage": stage,
                         "counts": counts if any(counts.values()) else None})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(objects, indent=1) + "\n")
-    return len(objects)
+    return objects
 
 
-def plot_dev(out: Path, path: Path) -> None:
+def plot_dev(rows: dict[str, dict[int, dict]], path: Path) -> None:
     """Dev nDCG@10 per row (each seed a dot, the mean a bar): baselines grey, REPAIR configurations blue."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [(name, [v for r in by_seed.values() if (v := _metric(r, "dev_ndcg10")) is not None])
-            for name, by_seed in collect(out).items()]
-    rows = [(n, v) for n, v in rows if v]
-    rows.sort(key=lambda nv: (nv[0] not in BASELINE_ROWS, statistics.mean(nv[1])))
-    fig, ax = plt.subplots(figsize=(7, 0.35 * len(rows) + 1.2))
-    for y, (name, values) in enumerate(rows):
+    dev = [(name, [v for r in by_seed.values() if (v := _metric(r, "dev_ndcg10")) is not None])
+           for name, by_seed in rows.items()]
+    dev = [(n, v) for n, v in dev if v]
+    dev.sort(key=lambda nv: (nv[0] not in BASELINE_ROWS, statistics.mean(nv[1])))
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(dev) + 1.2))
+    for y, (name, values) in enumerate(dev):
         colour = "0.6" if name in BASELINE_ROWS else "tab:blue"
         ax.barh(y, statistics.mean(values), color=colour, alpha=0.5)
         ax.plot(values, [y] * len(values), "o", color=colour, ms=4)
-    ax.set_yticks(range(len(rows)), [f"{n} ({len(v)})" for n, v in rows])
-    lo = min(min(v) for _, v in rows)
-    ax.set_xlim(lo - 0.02, max(max(v) for _, v in rows) + 0.01)
+    ax.set_yticks(range(len(dev)), [f"{n} ({len(v)})" for n, v in dev])
+    lo = min(min(v) for _, v in dev)
+    ax.set_xlim(lo - 0.02, max(max(v) for _, v in dev) + 0.01)
     ax.set_xlabel("dev nDCG@10 (162 held-out SciFact train claims; dots = seeds, bar = mean)")
     ax.set_title("SciFact, all-MiniLM-L6-v2, equal steps: plain baselines (grey) vs REPAIR levers (blue)", fontsize=9)
     fig.tight_layout()
@@ -644,14 +704,19 @@ def main() -> None:
     p.add_argument("--export", default=None, metavar="JSON",
                    help="write the machine-readable results (one object per row) here and exit")
     p.add_argument("--plot", default=None, metavar="PNG", help="with --export/--summarize: plot dev nDCG@10 per row")
+    p.add_argument("--merge", default=None, metavar="JSON",
+                   help="with --export/--summarize: also every (row, seed) an earlier export recorded that --out lacks "
+                        "(a run folder lost with its machine); a (row, seed) in both keeps the recorded result and "
+                        "prints the rerun beside it")
     args = p.parse_args()
     out = Path(args.out)
     if args.summarize or args.export:
+        rows = merged_rows(out, Path(args.merge) if args.merge else None)
         if args.export:
-            print(f"{export(out, Path(args.export))} rows -> {args.export}")
+            print(f"{len(export(rows, Path(args.export)))} rows -> {args.export}")
         if args.plot:
-            plot_dev(out, Path(args.plot))
-        print(summarize(out))
+            plot_dev(rows, Path(args.plot))
+        print(summarize(rows))
         return
     study = Study(args)
     settings = {k: v for k, v in vars(args).items() if k not in ("rows", "seeds", "summarize", "export")}
@@ -677,7 +742,7 @@ def main() -> None:
             result["settings"] = settings
             result["command"] = row_command(row, seed)
             study.save(key, result)
-    print(summarize(out))
+    print(summarize(collect(out)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,67 @@
+"""bench/quality_scifact.py's results export: a run folder's row files become docs/results/scifact_minilm.json, and
+``--merge`` keeps what an earlier export recorded when its run folder is gone (a new machine), without letting a
+rerun silently replace a recorded (row, seed)."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "quality_scifact.py"
+
+
+def load_study():
+    spec = importlib.util.spec_from_file_location("quality_scifact", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_row(out: Path, key: str, **values) -> None:
+    (out / "rows").mkdir(parents=True, exist_ok=True)
+    settings = {"scifact": "/abs/scifact", "out": str(out), "biosses": "/abs/biosses"}
+    (out / "rows" / f"{key}.json").write_text(json.dumps(
+        {**values, "settings": settings, "command": f"python bench/quality_scifact.py --scifact /abs/scifact "
+                                                    f"--out {out} --rows {key.rpartition('_s')[0]} --seeds 1",
+         "steps": 42, "train_seconds": 10, "eval_seconds": 5}))
+
+
+def test_export_then_merge_round_trips_and_keeps_recorded_results(tmp_path, capsys):
+    study = load_study()
+    old = tmp_path / "old"
+    write_row(old, "bm25_s1", dev_ndcg10=0.72, test_ndcg10=0.68, test_recall100=0.94, biosses=0.81)
+    write_row(old, "bm25_s2", dev_ndcg10=0.74, test_ndcg10=0.70, test_recall100=0.95, biosses=0.83)
+    recorded = tmp_path / "results.json"
+    objects = study.export(study.collect(old), recorded)
+    (bm25,) = objects
+    assert bm25["seeds"] == [1, 2] and bm25["dev_ndcg10"] == {"1": 0.72, "2": 0.74} and bm25["dev_ndcg10_mean"] == 0.73
+    assert "--seeds 1 2" in bm25["command"] and "/abs/scifact" not in bm25["command"]  # portable, both seeds
+
+    # the old folder is gone; a new one reruns bm25 seed 1 (different number) and adds a new row
+    new = tmp_path / "new"
+    write_row(new, "bm25_s1", dev_ndcg10=0.7, biosses=0.8)
+    write_row(new, "inbatch_s1", dev_ndcg10=0.69, biosses=0.82)
+    rows = study.merged_rows(new, recorded)
+    assert rows["bm25"][1]["dev_ndcg10"] == 0.72 and rows["bm25"][1]["test_ndcg10"] == 0.68  # recorded kept
+    assert rows["inbatch"][1]["dev_ndcg10"] == 0.69
+    assert "bm25 seed 1: kept the recorded result" in capsys.readouterr().out  # the rerun is shown, not dropped
+    merged = study.export(rows, tmp_path / "merged.json")
+    assert [o["name"] for o in merged] == ["bm25", "inbatch"]
+    assert merged[0] == bm25  # re-exporting a recorded row changes nothing in it
+
+
+def test_merge_from_the_command_line_writes_json_and_plot(tmp_path):
+    out = tmp_path / "out"
+    write_row(out, "inbatch_s3", dev_ndcg10=0.7069, biosses=0.82)
+    recorded = tmp_path / "results.json"
+    recorded.write_text(json.dumps([{"name": "offshelf", "kind": "baseline", "config": {}, "command": "c",
+                                     "seeds": [0], "dev_ndcg10": {"0": 0.69}, "test_ndcg10": {"0": 0.6451},
+                                     "test_recall100": {"0": 0.925}, "biosses": {"0": 0.8125}, "steps": 0,
+                                     "wall_seconds_per_stage": None, "counts": None}]))
+    subprocess.run([sys.executable, SCRIPT, "--out", out, "--merge", recorded, "--export", tmp_path / "x.json",
+                    "--plot", tmp_path / "x.png"], check=True, capture_output=True)
+    exported = json.loads((tmp_path / "x.json").read_text())
+    assert [(o["name"], o["dev_ndcg10"]) for o in exported] == [("offshelf", {"0": 0.69}), ("inbatch", {"3": 0.7069})]
+    assert exported[0]["test_ndcg10"] == {"0": 0.6451}
+    assert (tmp_path / "x.png").read_bytes()[:4] == b"\x89PNG"
