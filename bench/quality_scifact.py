@@ -55,7 +55,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from repair.data import (iter_jsonl, load_beir, load_qrels, load_seed, read_jsonl, read_lines, write_jsonl,
+from repair.data import (file_sha256, iter_jsonl, load_beir, load_qrels, load_seed, read_jsonl, read_lines, write_jsonl,
                          write_lines)
 from repair.beir_slice import write_beir_slice
 from repair.tables import markdown_table
@@ -335,12 +335,26 @@ class Study:
         """The strongest plain baseline and lever 3 together: T0 with its BM25 negative (the bm25 row's data) plus
         the kept tuples of repair_conf_only_s<seed> (the diagnosed claims with their model-aware Eq. 7 negative),
         trained from the backbone for the same --steps; the diagnosed claims appear twice, as in repair_conf_only."""
-        tuples = (self.out / "repair" / f"repair_conf_only_s{seed}" / "iter1" / "differentiation"
-                  / "final_train_data.bottom_30pct.jsonl")
-        if not tuples.exists():
-            raise SystemExit(f"bm25_conf: run the repair_conf_only row for seed {seed} first ({tuples})")
-        return self._train_and_eval(f"bm25_conf_s{seed}", ["--triplets", self.bm25_triplets(), "--triplets", tuples,
-                                                           "--num_hard_negatives", "1"], self.args.steps, seed)
+        tuples = self.lever3_tuples(seed)
+        result = self._train_and_eval(f"bm25_conf_s{seed}", ["--triplets", self.bm25_triplets(), "--triplets", tuples,
+                                                             "--num_hard_negatives", "1"], self.args.steps, seed)
+        return {**result, "conf_tuples": str(tuples.relative_to(self.out)), "conf_tuples_sha256": file_sha256(tuples)}
+
+    def lever3_tuples(self, seed: int) -> Path:
+        """repair_conf_only's kept tuples (Stage III on Q_conf's own claims). Stages I-III run on the off-the-shelf
+        model and take no seed, so every seed's run writes the same file: this seed's run when it got that far, else
+        the lowest seed's (the row records which file, with its sha256)."""
+        def tuples_of(s: int) -> Path:
+            return (self.out / "repair" / f"repair_conf_only_s{s}" / "iter1" / "differentiation"
+                    / "final_train_data.bottom_30pct.jsonl")
+        done = self.out / "repair" / f"repair_conf_only_s{seed}" / ".state" / "iter1.09_consistency.done"
+        if done.exists():
+            return tuples_of(seed)
+        for folder in sorted((self.out / "repair").glob("repair_conf_only_s*")):
+            other = folder.name.rpartition("_s")[2]
+            if other.isdigit() and (folder / ".state" / "iter1.09_consistency.done").exists():
+                return tuples_of(int(other))
+        raise SystemExit(f"bm25_conf: run the repair_conf_only row through step 09 first ({tuples_of(seed)})")
 
     def inbatch_cont(self, seed: int) -> dict:
         """Plain fine-tuning continued from inbatch_s<seed> for --steps more: the control of repair_from_ft."""
@@ -371,6 +385,7 @@ class Study:
                "TRAIN_EXTRA": f"--max_steps {a.steps} --epochs 100 --warmup_ratio 0.1 --weight_decay 0.01 "
                               f"--save_steps 0 --no_progress", **extra}
         self.reuse_eval("offshelf", run_dir)
+        self.share_embeddings(run_dir)
         seconds = run(["bash", ROOT / "run_repair.sh"], self.out / "logs" / f"driver_{name}.log", env=env)
         report = json.loads((run_dir / "report.json").read_text())
         per_iter = []
@@ -400,6 +415,33 @@ class Study:
             shutil.copy2(source, target)
             (run_dir / ".state").mkdir(parents=True, exist_ok=True)
             (run_dir / ".state" / "iter0.eval.done").write_text("0\n")
+
+    def share_embeddings(self, run_dir: Path) -> None:
+        """Seed a driver run's embedding cache with the vectors this study's evaluations already computed, so its
+        diagnosis of the model it starts from does not encode the 5,183-document corpus again (~10 min on one thread).
+        The cache is content-addressed (model fingerprint / sha1 of the exact text) and its shards are written once
+        and never changed, so a hard link shares a shard safely; the driver only adds shards of its own."""
+        shared = self.out / "cache"
+        if not shared.is_dir():
+            return
+        for shard in shared.glob("*/*.npy"):
+            if shard.name.startswith("."):
+                continue
+            target = run_dir / "cache" / "embeddings" / shard.parent.name / shard.name
+            if target.exists():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not (target.parent / "meta.json").exists() and (shard.parent / "meta.json").exists():
+                shutil.copy2(shard.parent / "meta.json", target.parent / "meta.json")
+            # a vector file is linked before its key file: a reader only lists key files (EmbeddingCache)
+            if shard.name.endswith(".keys.npy"):
+                vecs = shard.with_name(shard.name.replace(".keys.npy", ".vecs.npy"))
+                vec_target = target.with_name(vecs.name)
+                if not vecs.exists():
+                    continue
+                if not vec_target.exists():
+                    os.link(vecs, vec_target)
+            os.link(shard, target)
 
     def reuse_repair_stages(self, seed: int, run_dir: Path, upto: str, source_row: str = "repair") -> bool:
         """Start a variant run from the REPAIR run's finished iteration-1 steps up to ``upto`` ("04".."09" or "eval").
@@ -540,6 +582,8 @@ def summarize(rows_by_name: dict[str, dict[int, dict]]) -> str:
 
 
 METRICS = ("dev_ndcg10", "test_ndcg10", "test_recall100", "biosses")
+# two trainings of one (row, seed) on the same kind of machine agree to float order; more means another model
+SAME_MODEL_TOLERANCE = 2e-4
 
 
 def recorded_rows(path: Path) -> dict[str, dict[int, dict]]:
@@ -570,10 +614,26 @@ def merged_rows(out: Path, recorded: Path | None) -> dict[str, dict[int, dict]]:
             kept = merged.setdefault(name, {}).get(seed)
             if kept is None:
                 merged[name][seed] = result
+                continue
+            rerun = {k: result.get(k) for k in METRICS if result.get(k) is not None}
+            print(f"{name} seed {seed}: kept the recorded result "
+                  f"{ {k: kept.get(k) for k in rerun} }; this folder's rerun: {rerun}", flush=True)
+            missing = [k for k in rerun if kept.get(k) is None]
+            if not missing:
+                continue
+            # the rerun has numbers the recorded result lacks (a row chosen for test after its folder was lost):
+            # they belong to the recorded (row, seed) only if the rerun trained the same model, which its
+            # selection-split number tells; otherwise the rerun's result replaces the recorded one whole, so every
+            # number of a (row, seed) comes from one model
+            split = "dev_ndcg10" if kept.get("dev_ndcg10") is not None else "test_ndcg10"
+            if kept.get(split) is not None and abs(kept[split] - rerun.get(split, math.inf)) <= SAME_MODEL_TOLERANCE:
+                kept.update({k: rerun[k] for k in missing})
+                print(f"{name} seed {seed}: the rerun reproduces {split} within {SAME_MODEL_TOLERANCE}; "
+                      f"added its {', '.join(missing)}", flush=True)
             else:
-                rerun = {k: result.get(k) for k in METRICS if result.get(k) is not None}
-                print(f"{name} seed {seed}: kept the recorded result "
-                      f"{ {k: kept.get(k) for k in rerun} }; this folder's rerun: {rerun}", flush=True)
+                merged[name][seed] = result
+                print(f"{name} seed {seed}: the rerun does not reproduce the recorded {split}; its result is used "
+                      f"whole (it has {', '.join(missing)})", flush=True)
     return merged
 
 

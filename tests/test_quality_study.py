@@ -65,3 +65,65 @@ def test_merge_from_the_command_line_writes_json_and_plot(tmp_path):
     assert [(o["name"], o["dev_ndcg10"]) for o in exported] == [("offshelf", {"0": 0.69}), ("inbatch", {"3": 0.7069})]
     assert exported[0]["test_ndcg10"] == {"0": 0.6451}
     assert (tmp_path / "x.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_merge_adds_a_reruns_test_numbers_only_when_it_reproduces_the_recorded_model(tmp_path, capsys):
+    """A dev row chosen for test after its folder was lost is retrained: its test numbers join the recorded dev
+    number only when the rerun's dev number says it is the same model; otherwise the rerun is used whole."""
+    study = load_study()
+    old = tmp_path / "old"
+    write_row(old, "bm25_conf_s1", dev_ndcg10=0.7230, biosses=0.81)
+    write_row(old, "bm25_conf_s2", dev_ndcg10=0.7210, biosses=0.82)
+    recorded = tmp_path / "results.json"
+    study.export(study.collect(old), recorded)
+    new = tmp_path / "new"
+    write_row(new, "bm25_conf_s1", dev_ndcg10=0.72301, test_ndcg10=0.69, test_recall100=0.95, biosses=0.81)
+    write_row(new, "bm25_conf_s2", dev_ndcg10=0.7150, test_ndcg10=0.68, test_recall100=0.94, biosses=0.80)
+    rows = study.merged_rows(new, recorded)["bm25_conf"]
+    assert (rows[1]["dev_ndcg10"], rows[1]["test_ndcg10"], rows[1]["test_recall100"]) == (0.7230, 0.69, 0.95)
+    assert (rows[2]["dev_ndcg10"], rows[2]["test_ndcg10"], rows[2]["biosses"]) == (0.7150, 0.68, 0.80)
+    out = capsys.readouterr().out
+    assert "bm25_conf seed 1: the rerun reproduces dev_ndcg10" in out
+    assert "bm25_conf seed 2: the rerun does not reproduce the recorded dev_ndcg10" in out
+
+
+def test_bm25_conf_takes_lever_3_tuples_from_a_finished_seed_and_refuses_without_one(tmp_path):
+    study = load_study()
+    s = study.Study.__new__(study.Study)
+    s.out = tmp_path
+    try:
+        s.lever3_tuples(2)
+        raise AssertionError("no lever-3 run: must refuse")
+    except SystemExit as e:
+        assert "run the repair_conf_only row through step 09 first" in str(e)
+    run = tmp_path / "repair" / "repair_conf_only_s3"
+    (run / ".state").mkdir(parents=True)
+    (run / ".state" / "iter1.09_consistency.done").write_text("0\n")
+    assert s.lever3_tuples(2) == run / "iter1" / "differentiation" / "final_train_data.bottom_30pct.jsonl"
+    own = tmp_path / "repair" / "repair_conf_only_s2" / ".state"
+    own.mkdir(parents=True)
+    (own / "iter1.09_consistency.done").write_text("0\n")
+    assert s.lever3_tuples(2).parts[-4] == "repair_conf_only_s2"  # its own seed's run first
+
+
+def test_a_driver_run_reads_the_studys_cached_vectors_through_links(tmp_path):
+    """share_embeddings: the driver's cache finds every vector the study's evaluations wrote, and its own writes stay
+    out of the study's cache."""
+    import numpy as np
+
+    from repair.encoding import EmbeddingCache, text_key
+
+    study = load_study()
+    s = study.Study.__new__(study.Study)
+    s.out = tmp_path
+    keys = [text_key(t) for t in ("doc one", "doc two", "doc three")]
+    vectors = np.arange(12, dtype=np.float32).reshape(3, 4)
+    EmbeddingCache(tmp_path / "cache", "fp1", meta={"m": 1}).put(keys[:2], vectors[:2])
+    EmbeddingCache(tmp_path / "cache", "fp1").put(keys[2:], vectors[2:])
+    run_dir = tmp_path / "repair" / "row_s1"
+    s.share_embeddings(run_dir)
+    s.share_embeddings(run_dir)  # idempotent
+    seen = EmbeddingCache(run_dir / "cache" / "embeddings", "fp1")
+    assert len(seen) == 3 and np.array_equal(seen.get(keys), vectors)
+    seen.put([text_key("driver only")], np.ones((1, 4), dtype=np.float32))
+    assert len(EmbeddingCache(tmp_path / "cache", "fp1")) == 3
