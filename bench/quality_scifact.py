@@ -333,7 +333,7 @@ class Study:
 
     def bm25_conf(self, seed: int) -> dict:
         """The strongest plain baseline and lever 3 together: T0 with its BM25 negative (the bm25 row's data) plus
-        the kept tuples of repair_conf_only_s<seed> (the diagnosed claims with their model-aware Eq. 7 negative),
+        lever 3's kept tuples (``lever3_tuples``: the diagnosed claims with their model-aware Eq. 7 negative),
         trained from the backbone for the same --steps; the diagnosed claims appear twice, as in repair_conf_only."""
         tuples = self.lever3_tuples(seed)
         result = self._train_and_eval(f"bm25_conf_s{seed}", ["--triplets", self.bm25_triplets(), "--triplets", tuples,
