@@ -350,10 +350,11 @@ class Study:
         done = self.out / "repair" / f"repair_conf_only_s{seed}" / ".state" / "iter1.09_consistency.done"
         if done.exists():
             return tuples_of(seed)
-        for folder in sorted((self.out / "repair").glob("repair_conf_only_s*")):
-            other = folder.name.rpartition("_s")[2]
-            if other.isdigit() and (folder / ".state" / "iter1.09_consistency.done").exists():
-                return tuples_of(int(other))
+        seeds = sorted(int(tail) for f in (self.out / "repair").glob("repair_conf_only_s*")
+                       if (tail := f.name.rpartition("_s")[2]).isdigit())  # numerically: s2 before s10
+        for other in seeds:
+            if (self.out / "repair" / f"repair_conf_only_s{other}" / ".state" / "iter1.09_consistency.done").exists():
+                return tuples_of(other)
         raise SystemExit(f"bm25_conf: run the repair_conf_only row through step 09 first ({tuples_of(seed)})")
 
     def inbatch_cont(self, seed: int) -> dict:

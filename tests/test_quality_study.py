@@ -96,9 +96,10 @@ def test_bm25_conf_takes_lever_3_tuples_from_a_finished_seed_and_refuses_without
         raise AssertionError("no lever-3 run: must refuse")
     except SystemExit as e:
         assert "run the repair_conf_only row through step 09 first" in str(e)
-    run = tmp_path / "repair" / "repair_conf_only_s3"
-    (run / ".state").mkdir(parents=True)
-    (run / ".state" / "iter1.09_consistency.done").write_text("0\n")
+    for other in (10, 3):  # the lowest finished seed, by number
+        run = tmp_path / "repair" / f"repair_conf_only_s{other}"
+        (run / ".state").mkdir(parents=True)
+        (run / ".state" / "iter1.09_consistency.done").write_text("0\n")
     assert s.lever3_tuples(2) == run / "iter1" / "differentiation" / "final_train_data.bottom_30pct.jsonl"
     own = tmp_path / "repair" / "repair_conf_only_s2" / ".state"
     own.mkdir(parents=True)
