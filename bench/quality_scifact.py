@@ -463,14 +463,21 @@ class Study:
         shutil.copytree(src / "iter0", run_dir / "iter0", dirs_exist_ok=True)
         stages = ["diagnosis"] + (["expansion"] if upto >= "05" else []) + (["differentiation"] if upto >= "07" else [])
         stages += ["adapter", "eval"] if upto == "eval" else []
-        for stage in stages:
-            shutil.copytree(src / "iter1" / stage, run_dir / "iter1" / stage)
+        for stage in stages:  # (an EXPANSION=0 run may have no expansion folder)
+            if (src / "iter1" / stage).exists():
+                shutil.copytree(src / "iter1" / stage, run_dir / "iter1" / stage)
         if upto == "05":  # generated queries kept, verification redone
             for f in (run_dir / "iter1" / "expansion").glob("expansion.*"):
                 f.unlink()
+        # 06b (CONFUSED_TUPLES) is a step up to 06 but writes into differentiation/: its tuples go with its marker
+        kept = ("confused_tuples",) + (("hard_negatives",) if upto == "08" else ())
+        if upto == "06" and (src / "iter1" / "differentiation").exists():
+            (run_dir / "iter1" / "differentiation").mkdir()
+            for f in (src / "iter1" / "differentiation").glob("confused_tuples*"):
+                shutil.copy2(f, run_dir / "iter1" / "differentiation" / f.name)
         if "07" <= upto < "09":  # the embedding dir is shared; 08/09 outputs are not
             for f in (run_dir / "iter1" / "differentiation").iterdir():
-                if f.is_file() and (upto == "07" or not f.name.startswith("hard_negatives")):
+                if f.is_file() and not f.name.startswith(kept):
                     f.unlink()
 
         def shared(step: str) -> bool:

@@ -128,3 +128,32 @@ def test_a_driver_run_reads_the_studys_cached_vectors_through_links(tmp_path):
     assert len(seen) == 3 and np.array_equal(seen.get(keys), vectors)
     seen.put([text_key("driver only")], np.ones((1, 4), dtype=np.float32))
     assert len(EmbeddingCache(tmp_path / "cache", "fp1")) == 3
+
+
+def test_a_lever_row_reusing_stages_keeps_the_confused_tuples_whose_done_marker_it_copies(tmp_path):
+    """reuse_repair_stages: a row sharing steps up to 07 or 08 with repair_conf_only gets 06b's confused_tuples file
+    with 06b's done marker (else its 08 finds no input), 08's output only when 08 is shared, and never 09's."""
+    study = load_study()
+    s = study.Study.__new__(study.Study)
+    s.out = tmp_path
+    src = tmp_path / "repair" / "repair_conf_only_s1"
+    diff = src / "iter1" / "differentiation"
+    for folder in (src / "iter0" / "eval", src / "iter1" / "diagnosis", src / "iter1" / "expansion", diff / "embeddings", src / ".state"):
+        folder.mkdir(parents=True)
+    for name in ("confused_tuples.bottom_30pct.jsonl", "hard_negatives.bottom_30pct.jsonl",
+                 "final_train_data.bottom_30pct.jsonl", "embeddings/shard-0.npy"):
+        (diff / name).write_text(name)
+    for step in ("iter0.eval", "iter1.04_merge", "iter1.06b_confused", "iter1.07_embed", "iter1.08_hardneg",
+                 "iter1.09_consistency"):
+        (src / ".state" / f"{step}.done").write_text("0\n")
+    for upto, hard_negatives in (("07", False), ("08", True)):
+        run_dir = tmp_path / "repair" / f"row{upto}_s1"
+        assert s.reuse_repair_stages(1, run_dir, upto, "repair_conf_only")
+        got = run_dir / "iter1" / "differentiation"
+        assert (got / "confused_tuples.bottom_30pct.jsonl").read_text() == "confused_tuples.bottom_30pct.jsonl"
+        assert (got / "embeddings" / "shard-0.npy").exists()
+        assert (got / "hard_negatives.bottom_30pct.jsonl").exists() is hard_negatives
+        assert not (got / "final_train_data.bottom_30pct.jsonl").exists()
+        assert (run_dir / ".state" / "iter1.06b_confused.done").exists()
+        assert (run_dir / ".state" / "iter1.08_hardneg.done").exists() is hard_negatives
+        assert not (run_dir / ".state" / "iter1.09_consistency.done").exists()
