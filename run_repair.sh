@@ -117,6 +117,18 @@ eval_step iter0.eval "$OUT_DIR/iter0/eval/eval.json" "${BASE_ADAPTER_FLAG[@]}"
 
 CUR_ADAPTER="$ADAPTER"
 TRIPLETS=()
+# ---- T0_NEGATIVES=bm25: T0's own queries train with BM25-mined corpus negatives (issue 16's strongest plain
+# baseline) instead of in-batch negatives only; mined once per run (T0 and the corpus do not change between iterations)
+T0_FLAGS=(--train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT")
+if [[ "$T0_NEGATIVES" == bm25 ]]; then
+  mkdir -p "$OUT_DIR/t0_negatives"
+  T0_BM25="$OUT_DIR/t0_negatives/t0_bm25.jsonl"
+  T0_RESUME=(); [[ -f "$T0_BM25" ]] && T0_RESUME=(--resume)
+  step "t0.bm25_negatives" "" "$PYTHON" "$HERE/differentiation/09b_counterfactual_negatives.py" --config mined \
+    --input "$TRAIN_DATA" --split "$TRAIN_SPLIT" --corpus "${LOCAL_CORPUS:-$TRAIN_DATA}" --output_jsonl "$T0_BM25" \
+    "${T0_RESUME[@]}"
+  T0_FLAGS=(--triplets "$T0_BM25")
+fi
 for ((k = 1; k <= ITERS; k++)); do
   IT="$OUT_DIR/iter$k"
   DIA="$IT/diagnosis"; EXP="$IT/expansion"; DIF="$IT/differentiation"; ADP="$IT/adapter"; EV="$IT/eval"
@@ -216,7 +228,7 @@ for ((k = 1; k <= ITERS; k++)); do
   LAUNCH=("$PYTHON"); [[ "$NPROC" -gt 1 ]] && LAUNCH=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC")
   # shellcheck disable=SC2086
   step "iter$k.10_train" "" "${LAUNCH[@]}" "$HERE/training/10_train_lora.py" --model "$CUR_MODEL" "${INIT[@]}" "${FT[@]}" \
-    --train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT" "${TRIPLETS[@]}" --num_hard_negatives "$NUM_HARD_NEG" \
+    "${T0_FLAGS[@]}" "${TRIPLETS[@]}" --num_hard_negatives "$NUM_HARD_NEG" \
     --output_dir "$ADP" --epochs "$EPOCHS" --lr "$LR" --temperature "$TEMPERATURE" --global_batch_size "$GLOBAL_BATCH" \
     --mini_batch_size "$MINI_BATCH" --max_length "$MAX_LENGTH" --qem_lambda "$QEM_LAMBDA" --qem_tau "$QEM_TAU" --warmup_ratio "$WARMUP_RATIO" \
     --seed "$SEED" "${TRAIN_RESUME[@]}" "${DEVICE_FLAG[@]}" $TRAIN_EXTRA

@@ -58,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from repair.data import (file_sha256, iter_jsonl, load_beir, load_qrels, load_seed, read_jsonl, read_lines, write_jsonl,
                          write_lines)
 from repair.beir_slice import write_beir_slice
+from repair.encoding import link_cache
 from repair.tables import markdown_table
 from repair.train import training_finished
 
@@ -158,6 +159,8 @@ VARIANTS: dict[str, Variant] = {
     "repair_conf_only_global": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "POOL": "global"}, "08:repair_conf_only"),
     "repair_conf_only_eqclaims": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0"}, "09:repair_conf_only", budget="claims"),
     "repair_conf_only_from_ft": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0"}, None, start="inbatch"),
+    # the bm25_conf row as a driver run (T0_NEGATIVES=bm25, PROFILE=confused-bm25's levers): the same training data
+    "repair_conf_bm25": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "T0_NEGATIVES": "bm25"}, "09:repair_conf_only"),
     # Eq. 6 with kappa = TOP_K: keep the diagnosed claims whose gold positive ranks low in its own pool (the most
     # confused ones, which kappa 5 drops although their positive is gold, not generated)
     "repair_conf_only_k15": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),
@@ -422,27 +425,7 @@ class Study:
         diagnosis of the model it starts from does not encode the 5,183-document corpus again (~10 min on one thread).
         The cache is content-addressed (model fingerprint / sha1 of the exact text) and its shards are written once
         and never changed, so a hard link shares a shard safely; the driver only adds shards of its own."""
-        shared = self.out / "cache"
-        if not shared.is_dir():
-            return
-        for shard in shared.glob("*/*.npy"):
-            if shard.name.startswith("."):
-                continue
-            target = run_dir / "cache" / "embeddings" / shard.parent.name / shard.name
-            if target.exists():
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if not (target.parent / "meta.json").exists() and (shard.parent / "meta.json").exists():
-                shutil.copy2(shard.parent / "meta.json", target.parent / "meta.json")
-            # a vector file is linked before its key file: a reader only lists key files (EmbeddingCache)
-            if shard.name.endswith(".keys.npy"):
-                vecs = shard.with_name(shard.name.replace(".keys.npy", ".vecs.npy"))
-                vec_target = target.with_name(vecs.name)
-                if not vecs.exists():
-                    continue
-                if not vec_target.exists():
-                    os.link(vecs, vec_target)
-            os.link(shard, target)
+        link_cache(self.out / "cache", run_dir / "cache" / "embeddings")
 
     def reuse_repair_stages(self, seed: int, run_dir: Path, upto: str, source_row: str = "repair") -> bool:
         """Start a variant run from the REPAIR run's finished iteration-1 steps up to ``upto`` ("04".."09" or "eval").

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,6 +196,30 @@ class EmbeddingCache:
         os.replace(vec_tmp, self.dir / f"{name}.vecs.npy")
         os.replace(key_tmp, self.dir / f"{name}.keys.npy")
         self.refresh()
+
+
+def link_cache(source_root: str | os.PathLike, target_root: str | os.PathLike) -> int:
+    """Hard-link every finished shard of the caches under ``source_root`` (one folder per fingerprint) into
+    ``target_root``, so a second run reads vectors another already computed without encoding them again.
+
+    Safe because shards are content-addressed and never changed once written; the target only adds shards of its
+    own, which stay out of the source. Vectors are linked before keys, as ``put`` renames them, so a reader that
+    lists key files never sees a shard without its vectors. Returns the number of shards linked (0 when done)."""
+    source_root, target_root = Path(source_root), Path(target_root)
+    linked = 0
+    for keys_file in sorted(source_root.glob("*/shard-*.keys.npy")):
+        vec_file = keys_file.with_name(keys_file.name.replace(".keys.npy", ".vecs.npy"))
+        target = target_root / keys_file.parent.name
+        if (target / keys_file.name).exists() or not vec_file.exists():
+            continue
+        target.mkdir(parents=True, exist_ok=True)
+        if (keys_file.parent / "meta.json").exists() and not (target / "meta.json").exists():
+            shutil.copy2(keys_file.parent / "meta.json", target / "meta.json")
+        if not (target / vec_file.name).exists():
+            os.link(vec_file, target / vec_file.name)
+        os.link(keys_file, target / keys_file.name)
+        linked += 1
+    return linked
 
 
 def text_key(text: str) -> bytes:

@@ -280,6 +280,10 @@ def validate(resolved: Resolved, environ: Mapping[str, str]) -> list[str]:
     if "TOP_K" in numbers and "CONSISTENCY_K" in numbers and numbers["TOP_K"] < numbers["CONSISTENCY_K"]:
         bad("TOP_K", f"TOP_K ({v['TOP_K']}) must be >= CONSISTENCY_K ({v['CONSISTENCY_K']}): 09 decides "
                      f"rank(d+) <= kappa from 08's top-k list")
+    if (v["T0_NEGATIVES"] == "bm25" and not v["LOCAL_CORPUS"] and train_data_found
+            and not Path(v["TRAIN_DATA"]).expanduser().is_dir()):
+        bad("T0_NEGATIVES", "T0_NEGATIVES=bm25 mines T0's negatives from LOCAL_CORPUS (a BEIR folder or JSONL of "
+                            "papers); it defaults to TRAIN_DATA only when that is a folder")
     if v["EXPANSION"] == "0" and v["CONFUSED_TUPLES"] != "1":
         bad("EXPANSION", "EXPANSION=0 needs CONFUSED_TUPLES=1: without Stage II's tuples Stage III has no input")
     return problems

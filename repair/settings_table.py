@@ -143,6 +143,11 @@ SETTINGS: tuple[Setting, ...] = (
     _s("QEM_LAMBDA", "Training", "", "weight of the query-view entropy term", "float", 0,
        shown_default=f"{_trainer('qem_lambda')} for repair, {_number(CAUSALNEG_QEM_LAMBDA)} for causalneg"),
     _s("QEM_TAU", "Training", _trainer("qem_tau"), "QEM temperature", "float", 0, low_open=True),
+    _s("T0_NEGATIVES", "Training", "none",
+       "none = T0's queries train with in-batch negatives only (the paper); bm25 = each with its BM25-mined corpus "
+       "negatives (differentiation/09b_counterfactual_negatives.py --config mined over LOCAL_CORPUS, else the "
+       "TRAIN_DATA folder), issue 16's strongest plain baseline, under REPAIR's triplets (PROFILE=confused-bm25)",
+       "choice", choices=("none", "bm25")),
     _s("FULL_FINETUNE", "Training", "0", "1 = train every weight (no LoRA)", "flag"),
     _s("TRAIN_EXTRA", "Training", "", "extra flags passed to training/10_train_lora.py"),
 )

@@ -405,7 +405,9 @@ def test_driver_issue16_levers_reach_their_steps(tiny_model_dir, tmp_path, serve
     # EXPANSION=0 alone is refused before any work; with CONFUSED_TUPLES=1 Stage II is skipped
     refused = run_driver({**env, "CONFUSED_TUPLES": "0", "EXPANSION": "0", "OUT_DIR": str(tmp_path / "r0")}, timeout=60)
     assert refused.returncode == 2 and "EXPANSION=0 needs CONFUSED_TUPLES=1" in refused.stderr
-    only = {**env, "EXPANSION": "0", "OUT_DIR": str(tmp_path / "run_conf_only")}
+    # issue 16's best measured configuration (PROFILE=confused-bm25's levers): no Stage II, and T0's own claims
+    # train with BM25-mined negatives (T0_NEGATIVES=bm25) instead of the plain T0 pairs
+    only = {**env, "EXPANSION": "0", "T0_NEGATIVES": "bm25", "OUT_DIR": str(tmp_path / "run_conf_only")}
     proc = run_driver(only, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     only_dir = tmp_path / "run_conf_only" / "iter1"
@@ -413,3 +415,15 @@ def test_driver_issue16_levers_reach_their_steps(tiny_model_dir, tmp_path, serve
     assert "expansion.bottom" not in (tmp_path / "run_conf_only" / "logs" / "iter1.07_embed.cmd").read_text()
     rows = [json.loads(x) for x in (only_dir / "differentiation" / "final_train_data.bottom_30pct.jsonl").open()]
     assert rows and {r["query"] for r in rows} <= t0_queries
+    t0_bm25 = tmp_path / "run_conf_only" / "t0_negatives" / "t0_bm25.jsonl"
+    mined = [json.loads(x) for x in t0_bm25.open()]
+    titles = {json.loads(x)["_id"]: json.loads(x)["title"] for x in (data / "corpus.jsonl").open()}
+    train_pairs = [x.split("\t") for x in (data / "qrels" / "train.tsv").read_text().splitlines()[1:]]
+    assert len(mined) == len(train_pairs) == 12 and {r["query"] for r in mined} <= t0_queries
+    for r in mined:  # BM25's negatives are other corpus documents, never the claim's own positive
+        assert r["hard_negatives"] and r["pos_document"] not in r["hard_negatives"]
+        assert all(any(n.startswith(t) or t in n for t in titles.values()) for n in r["hard_negatives"])
+    train_cmd = (tmp_path / "run_conf_only" / "logs" / "iter1.10_train.cmd").read_text()
+    assert f"--triplets {t0_bm25}" in train_cmd and "--train_data" not in train_cmd
+    args = json.loads((only_dir / "adapter" / "training_args.json").read_text())
+    assert args["examples"] == len(mined) + len(rows)

@@ -206,6 +206,26 @@ def test_interrupted_cache_keeps_finished_shards(tiny_model_dir, tmp_path):
     assert len(shards) == 2
 
 
+def test_linked_cache_serves_the_source_vectors_and_keeps_its_own_writes_apart(tmp_path):
+    """link_cache: a second run's cache reads every finished shard of the first (per fingerprint, with its meta),
+    skips a shard whose vectors are missing (an interrupted put), links nothing twice, and writes only to itself."""
+    from repair.encoding import EmbeddingCache, link_cache, text_key
+
+    keys = [text_key(t) for t in ("a", "b", "c")]
+    vectors = np.arange(12, dtype=np.float32).reshape(3, 4)
+    EmbeddingCache(tmp_path / "src", "fp1", meta={"model": "m1"}).put(keys[:2], vectors[:2])
+    EmbeddingCache(tmp_path / "src", "fp2").put(keys[2:], vectors[2:])
+    np.save(tmp_path / "src" / "fp1" / "shard-orphan.keys.npy", np.array([text_key("d")], dtype="S40"))
+    assert link_cache(tmp_path / "src", tmp_path / "dst") == 2
+    assert link_cache(tmp_path / "src", tmp_path / "dst") == 0
+    first, second = EmbeddingCache(tmp_path / "dst", "fp1"), EmbeddingCache(tmp_path / "dst", "fp2")
+    assert len(first) == 2 and np.array_equal(first.get(keys[:2]), vectors[:2])
+    assert np.array_equal(second.get(keys[2:]), vectors[2:]) and text_key("d") not in first
+    assert (tmp_path / "dst" / "fp1" / "meta.json").read_text() == (tmp_path / "src" / "fp1" / "meta.json").read_text()
+    first.put([text_key("own")], np.ones((1, 4), dtype=np.float32))
+    assert len(EmbeddingCache(tmp_path / "src", "fp1")) == 2
+
+
 def test_mean_pooling_matches_sentence_transformers_recipe(tmp_path):
     """The `mean` profile equals the masked-mean recipe on a tiny BERT with a real WordPiece tokenizer."""
     from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel

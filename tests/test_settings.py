@@ -76,6 +76,13 @@ def test_paths_splits_and_computed_defaults(tmp_path):
     t0 = tmp_path / "t0.jsonl"
     t0.write_text(json.dumps({"query": "q", "positive": "p"}) + "\n")
     assert problems_for({"TRAIN_DATA": str(t0)})[0].startswith("SOURCE=local needs LOCAL_CORPUS")
+    # ... and T0_NEGATIVES=bm25 nothing to mine from; a BEIR folder T0 is its own corpus
+    assert problems_for({"TRAIN_DATA": str(t0), "T0_NEGATIVES": "bm25", "SOURCE": "s2"})[-1] == (
+        "T0_NEGATIVES=bm25 mines T0's negatives from LOCAL_CORPUS (a BEIR folder or JSONL of papers); it defaults to "
+        "TRAIN_DATA only when that is a folder")
+    assert problems_for({"TRAIN_DATA": str(TINY), "T0_NEGATIVES": "bm25"}) == []
+    assert problems_for({"TRAIN_DATA": str(TINY), "T0_NEGATIVES": "dense"}) == [
+        "T0_NEGATIVES must be none or bm25, got 'dense'"]
     v = resolve({"TRAIN_DATA": str(TINY), "NEGATIVES": "causalneg", "MODEL": "minilm"}, ROOT).values
     assert (v["LOCAL_CORPUS"], v["GEN_MODEL"], v["NUM_HARD_NEG"], v["QEM_LAMBDA"]) == (str(TINY), "minilm", "-1", "0.1")
     v = resolve({"TRAIN_DATA": str(TINY)}, ROOT).values
@@ -93,7 +100,7 @@ def test_profiles_sit_between_defaults_and_the_environment(tmp_path):
     with pytest.raises(SettingsError, match="DEMO must be full or tiny, got 'huge'"):
         resolve({"DEMO": "huge"}, ROOT)
     with pytest.raises(SettingsError,
-                       match="PROFILE must be confused \\| demo \\| demo-tiny or a profile file, got 'fast'"):
+                       match="PROFILE must be confused \\| confused-bm25 \\| demo \\| demo-tiny or a profile file, got 'fast'"):
         resolve({"PROFILE": "fast"}, ROOT)
 
     own = tmp_path / "mine.env"
@@ -114,7 +121,7 @@ def test_every_shipped_profile_validates_and_confused_is_issue_16s_configuration
     """A profile in configs/ is a command users run: each must pass the up-front checks as shipped (given a T0
     where it leaves TRAIN_DATA to the user), and PROFILE=confused must set the lever it is named for."""
     profiles = sorted(p.stem for p in (ROOT / "configs").glob("*.env"))
-    assert profiles == ["confused", "demo", "demo-tiny"]
+    assert profiles == ["confused", "confused-bm25", "demo", "demo-tiny"]
     for name in profiles:
         env = {"PROFILE": name}
         if not resolve(env, ROOT).values["TRAIN_DATA"]:
@@ -124,6 +131,10 @@ def test_every_shipped_profile_validates_and_confused_is_issue_16s_configuration
     confused = resolve({"PROFILE": "confused", "TRAIN_DATA": str(TINY)}, ROOT).values
     assert {k: confused[k] for k in ("CONFUSED_TUPLES", "EXPANSION", "ITERS", "MODEL", "FULL_FINETUNE")} == {
         "CONFUSED_TUPLES": "1", "EXPANSION": "0", "ITERS": "1", "MODEL": "minilm", "FULL_FINETUNE": "1"}
+    assert confused["T0_NEGATIVES"] == "none"
+    best = resolve({"PROFILE": "confused-bm25", "TRAIN_DATA": str(TINY)}, ROOT).values
+    assert {k: v for k, v in best.items() if v != confused[k]} == {"T0_NEGATIVES": "bm25",
+                                                                  "OUT_DIR": "runs/confused-bm25"}
 
 
 def test_a_rerun_with_result_changing_settings_is_refused_naming_each(tmp_path):
