@@ -66,7 +66,9 @@ say() { printf '[repair %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
 # step NAME OUTPUT_PATH COMMAND...: skip when done (marker), else run with a log; stop the run on failure.
 # The log gets every line; the console gets them too, except a stage's one-line JSON summary, which is
-# shown as a short "summary:" line (its full text stays in the log).
+# shown as a short "summary:" line (its full text stays in the log). OUTPUT_PATH is what FORCE=1 removes first.
+# A finished step also lists the files it wrote in $STATE/NAME.outputs (repair/driver_steps.py: the files changed
+# since its first start), so a run's steps can be reused file by file.
 STEPS_RUN=0
 step() {
   local name=$1 output=$2; shift 2
@@ -74,6 +76,8 @@ step() {
   if [[ -f "$marker" && "$FORCE" != 1 ]]; then say "skip  $name (done)"; return 0; fi
   if [[ "$FORCE" == 1 && -f "$marker" && -n "$output" ]]; then rm -rf "$output"; fi
   rm -f "$marker"
+  local fresh=(); [[ "$FORCE" == 1 ]] && fresh=(--fresh)
+  "$PYTHON" -m repair.driver_steps begin "$STATE" "$name" "${fresh[@]}"
   printf '%q ' "$@" > "$LOGS/$name.cmd"; echo >> "$LOGS/$name.cmd"
   say "start $name  (log: $log)"
   STEPS_RUN=$((STEPS_RUN + 1))
@@ -85,6 +89,7 @@ step() {
     say "  (or rerun the driver: finished steps are skipped, this one resumes)"
     exit 1
   fi
+  "$PYTHON" -m repair.driver_steps record "$STATE" "$name"  # before the marker: a done step has its record
   echo "$((SECONDS - t0))" > "$marker"
   say "done  $name in $((SECONDS - t0)) s"
 }

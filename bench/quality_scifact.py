@@ -58,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from repair.data import (file_sha256, iter_jsonl, load_beir, load_qrels, load_seed, read_jsonl, read_lines, write_jsonl,
                          write_lines)
 from repair.beir_slice import write_beir_slice
+from repair.driver_steps import step_outputs, write_outputs
 from repair.encoding import link_cache
 from repair.tables import markdown_table
 from repair.train import training_finished
@@ -161,6 +162,9 @@ VARIANTS: dict[str, Variant] = {
     "repair_conf_only_from_ft": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0"}, None, start="inbatch"),
     # the bm25_conf row as a driver run (T0_NEGATIVES=bm25, PROFILE=confused-bm25's levers): the same training data
     "repair_conf_bm25": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "T0_NEGATIVES": "bm25"}, "09:repair_conf_only"),
+    # levers 3 + 4 + bm25 negatives for T0: lever 4's start (inbatch_s<seed>) and diagnosis with bm25_conf's data
+    "repair_conf_bm25_from_ft": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "T0_NEGATIVES": "bm25"},
+                                        "09:repair_conf_only_from_ft", start="inbatch"),
     # Eq. 6 with kappa = TOP_K: keep the diagnosed claims whose gold positive ranks low in its own pool (the most
     # confused ones, which kappa 5 drops although their positive is gold, not generated)
     "repair_conf_only_k15": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),
@@ -391,6 +395,8 @@ class Study:
         self.reuse_eval("offshelf", run_dir)
         self.share_embeddings(run_dir)
         seconds = run(["bash", ROOT / "run_repair.sh"], self.out / "logs" / f"driver_{name}.log", env=env)
+        # and back: the final model's corpus vectors, so its --test evaluation encodes only the test claims
+        link_cache(run_dir / "cache" / "embeddings", self.out / "cache")
         report = json.loads((run_dir / "report.json").read_text())
         per_iter = []
         for it in report["iterations"]:
@@ -418,6 +424,7 @@ class Study:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
             (run_dir / ".state").mkdir(parents=True, exist_ok=True)
+            write_outputs(run_dir / ".state", "iter0.eval", [str(target.relative_to(run_dir))])
             (run_dir / ".state" / "iter0.eval.done").write_text("0\n")
 
     def share_embeddings(self, run_dir: Path) -> None:
@@ -432,8 +439,11 @@ class Study:
 
         A variant that changes only what follows a step runs the same commands with the same seed on the same model
         up to it (a CausalNeg run up to 09, a GEN_ADAPTER=none run through iteration 1's evaluation, lever rows up
-        to the step their setting first changes), so copying those outputs and done markers gives the files a fresh
-        run would write, and the row pays only for what differs. Later iterations are always run.
+        to the step their setting first changes), so copying those steps' files and done markers gives the files a
+        fresh run would write, and the row pays only for what differs. Which files a step wrote is the driver's own
+        record (``$STATE/<step>.outputs``, :mod:`repair.driver_steps`), so a step is copied exactly, wherever it
+        writes (06b writes into differentiation/, 05's queries and 06's verification share expansion/). Later
+        iterations are always run.
         """
         src = self.out / "repair" / f"{source_row}_s{seed}"
         last = {"04": "04_merge", "05": "05_generate.r1", "06": "expansion", "07": "07_embed", "08": "08_hardneg",
@@ -441,27 +451,6 @@ class Study:
         marker = run_dir / "REUSED_FROM"  # so a resumed row still reports where its stages came from
         if (run_dir / "iter1").exists() or not (src / ".state" / f"iter1.{last}.done").exists():
             return marker.exists()
-        (run_dir / "iter1").mkdir(parents=True)
-        (run_dir / ".state").mkdir(exist_ok=True)
-        shutil.copytree(src / "iter0", run_dir / "iter0", dirs_exist_ok=True)
-        stages = ["diagnosis"] + (["expansion"] if upto >= "05" else []) + (["differentiation"] if upto >= "07" else [])
-        stages += ["adapter", "eval"] if upto == "eval" else []
-        for stage in stages:  # (an EXPANSION=0 run may have no expansion folder)
-            if (src / "iter1" / stage).exists():
-                shutil.copytree(src / "iter1" / stage, run_dir / "iter1" / stage)
-        if upto == "05":  # generated queries kept, verification redone
-            for f in (run_dir / "iter1" / "expansion").glob("expansion.*"):
-                f.unlink()
-        # 06b (CONFUSED_TUPLES) is a step up to 06 but writes into differentiation/: its tuples go with its marker
-        kept = ("confused_tuples",) + (("hard_negatives",) if upto == "08" else ())
-        if upto == "06" and (src / "iter1" / "differentiation").exists():
-            (run_dir / "iter1" / "differentiation").mkdir()
-            for f in (src / "iter1" / "differentiation").glob("confused_tuples*"):
-                shutil.copy2(f, run_dir / "iter1" / "differentiation" / f.name)
-        if "07" <= upto < "09":  # the embedding dir is shared; 08/09 outputs are not
-            for f in (run_dir / "iter1" / "differentiation").iterdir():
-                if f.is_file() and not f.name.startswith(kept):
-                    f.unlink()
 
         def shared(step: str) -> bool:
             if step == "expansion":
@@ -470,10 +459,21 @@ class Study:
                 return upto == "eval"
             return step[:2].isdigit() and (step[:2] <= upto or upto == "eval") and not step.startswith("09b")
 
-        for done in (src / ".state").iterdir():
-            iteration, step = done.name.split(".")[:2]
-            if (iteration, step) == ("iter0", "eval") or (iteration == "iter1" and shared(step)):
-                shutil.copy2(done, run_dir / ".state" / done.name)
+        steps = sorted(done.name[:-len(".done")] for done in (src / ".state").glob("*.done")
+                       if done.name.startswith("iter0.eval.")
+                       or (done.name.startswith("iter1.") and shared(done.name.split(".")[1])))
+        unrecorded = [step for step in steps if step_outputs(src / ".state", step) is None]
+        if unrecorded:
+            raise SystemExit(f"{src}: steps {', '.join(unrecorded)} have no .outputs record (the driver writes one "
+                             f"per step since 2026-12-02); rerun the {source_row} row for seed {seed} to reuse it")
+        (run_dir / "iter1").mkdir(parents=True)
+        (run_dir / ".state").mkdir(exist_ok=True)
+        for step in steps:
+            for relative in step_outputs(src / ".state", step):
+                (run_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src / relative, run_dir / relative)
+            for suffix in (".outputs", ".done"):  # the record before the marker, as the driver writes them
+                shutil.copy2(src / ".state" / f"{step}{suffix}", run_dir / ".state" / f"{step}{suffix}")
         marker.write_text(f"{src}: iteration 0 eval and iteration 1 steps up to {upto}\n")
         return True
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .driver_steps import StepRunner, say
+from .driver_steps import StepRunner, say, write_outputs
 from .verification import count_valid
 
 SOURCES = ("local", "semantic_scholar", "elsevier")
@@ -124,5 +124,10 @@ def run_expansion_rounds(stage: ExpansionRounds, runner: StepRunner, *, python: 
         say(f"expansion stopped at the round limit ({stage.max_rounds}): {valid} / {stage.target_valid} valid tuples; "
             "the run goes on with")
         say("  these (more: raise MAX_ROUNDS or GEN_ROUND, or use a stronger generator; see docs/expansion.md)")
+    # the stage's record (repair.driver_steps): every file of its rounds, as a reused stage takes them all; only
+    # files inside the run folder can be reused (the driver writes them all there)
+    root = Path(runner.state_dir).parent.resolve()
+    write_outputs(runner.state_dir, f"{stage.iteration}.expansion",
+                  [str(path.resolve().relative_to(root)) for path in stage.outputs() if path.resolve().is_relative_to(root)])
     marker.write_text(f"{valid}\n")
     return valid

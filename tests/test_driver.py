@@ -104,6 +104,11 @@ def outputs(run: Path) -> dict:
     return out
 
 
+def step_records(run: Path) -> dict[str, list[str]]:
+    """Each step's ``.outputs`` record (the files it wrote, relative to the run folder)."""
+    return {f.name[:-len(".outputs")]: f.read_text().splitlines() for f in (run / ".state").glob("*.outputs")}
+
+
 @pytest.fixture(scope="module")
 def server():
     with FakeServer(openai_route(reply_for, model="fake-generator")) as srv:
@@ -156,6 +161,31 @@ def test_driver_end_to_end_skip_and_resume(tiny_model_dir, tmp_path, server):
     stopped = re.findall(r"expansion stopped at the round limit \(2\): (\d+) / 24 valid tuples", first.stdout)
     assert len(stopped) == 2 and all(int(n) < 24 for n in stopped), first.stdout[-3000:]  # one per iteration
     assert json.loads((run / "settings.json").read_text())["settings"]["PCT"] == 30
+    # every done step lists the files it wrote (what a reuse of its steps copies), each file under one step only
+    # (a later round appending to a file excepted: the stage record is the union of its rounds)
+    records = step_records(run)
+    assert sorted(records) == sorted(m.name[:-len(".done")] for m in (run / ".state").glob("*.done"))
+    assert records["iter0.eval"] == ["iter0/eval/eval.json"]
+    assert records["iter1.01_margin"] == ["iter1/diagnosis/01.train_all_query_margins.cos.jsonl",
+                                          "iter1/diagnosis/01.train_diagnosis_meta.cos_percentile.json",
+                                          "iter1/diagnosis/confused_train_queries.bottom_30pct.cos.jsonl"]
+    assert records["iter1.08_hardneg"] == ["iter1/differentiation/hard_negatives.bottom_30pct.jsonl",
+                                           "iter1/differentiation/hard_negatives.bottom_30pct.stats.json"]
+    assert records["iter2.09_consistency"] == ["iter2/differentiation/consistency_stats.json",
+                                               "iter2/differentiation/final_train_data.bottom_30pct.jsonl"]
+    assert "iter1/expansion/generated.bottom_30pct.jsonl" in records["iter1.05_generate.r1"]
+    assert not any(f.startswith("iter1/expansion/expansion.") for f in records["iter1.05_generate.r1"])
+    assert {"iter1/expansion/generated.bottom_30pct.jsonl", "iter1/expansion/expansion.bottom_30pct.jsonl"} <= set(
+        records["iter1.expansion"])
+    assert all(f.startswith("iter1/adapter/") for f in records["iter1.10_train"])
+    assert "iter1/adapter/adapter_model.safetensors" in records["iter1.10_train"]
+    owners = {}
+    for name, files in records.items():
+        for f in files:
+            assert (run / f).is_file(), (name, f)
+            if ".expansion" not in name and "_verify.r2" not in name and "_generate.r2" not in name:
+                assert owners.setdefault(f, name) == name, (f, owners[f], name)
+    assert not list((run / ".state").glob("*.started"))
 
     before = outputs(run)
     report_stat = (run / "report.md").stat().st_mtime_ns
@@ -220,6 +250,11 @@ def test_driver_end_to_end_skip_and_resume(tiny_model_dir, tmp_path, server):
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "skip  iter1.01_margin (done)" in resumed.stdout
     a, b = outputs(run), outputs(tmp_path / "run_b")
+    # the killed step's record lists what its first attempt wrote too: the resumed run records what the other did
+    def named_alike(recs: dict) -> dict:  # TensorBoard's event files are named after the time and the process
+        return {name: [f for f in files if "/runs/events.out.tfevents." not in f] for name, files in recs.items()}
+
+    assert named_alike(step_records(tmp_path / "run_b")) == named_alike(records)
     assert a["final1"] == b["final1"] and a["expansion1"] == b["expansion1"]
     assert a["final2"] == b["final2"] and a["expansion2"] == b["expansion2"]
     for k in ("eval1", "eval2"):

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "quality_scifact.py"
 
@@ -130,30 +132,47 @@ def test_a_driver_run_reads_the_studys_cached_vectors_through_links(tmp_path):
     assert len(EmbeddingCache(tmp_path / "cache", "fp1")) == 3
 
 
-def test_a_lever_row_reusing_stages_keeps_the_confused_tuples_whose_done_marker_it_copies(tmp_path):
-    """reuse_repair_stages: a row sharing steps up to 07 or 08 with repair_conf_only gets 06b's confused_tuples file
-    with 06b's done marker (else its 08 finds no input), 08's output only when 08 is shared, and never 09's."""
+def test_a_lever_row_reusing_stages_copies_exactly_the_files_each_shared_step_recorded(tmp_path):
+    """reuse_repair_stages copies a shared step's files as the driver recorded them (``$STATE/<step>.outputs``),
+    wherever the step wrote: a row sharing up to 07 or 08 with repair_conf_only gets 06b's confused_tuples (in
+    differentiation/, beside 08's and 09's files) with 06b's marker, 08's output only when 08 is shared, never 09's,
+    and no file no shared step recorded. A source run without records is refused, naming the steps."""
     study = load_study()
     s = study.Study.__new__(study.Study)
     s.out = tmp_path
     src = tmp_path / "repair" / "repair_conf_only_s1"
-    diff = src / "iter1" / "differentiation"
-    for folder in (src / "iter0" / "eval", src / "iter1" / "diagnosis", src / "iter1" / "expansion", diff / "embeddings", src / ".state"):
-        folder.mkdir(parents=True)
-    for name in ("confused_tuples.bottom_30pct.jsonl", "hard_negatives.bottom_30pct.jsonl",
-                 "final_train_data.bottom_30pct.jsonl", "embeddings/shard-0.npy"):
-        (diff / name).write_text(name)
-    for step in ("iter0.eval", "iter1.04_merge", "iter1.06b_confused", "iter1.07_embed", "iter1.08_hardneg",
-                 "iter1.09_consistency"):
+    (src / ".state").mkdir(parents=True)
+    recorded = {"iter0.eval": ["iter0/eval/eval.json"],
+                "iter1.04_merge": ["iter1/diagnosis/PathAB_terms/final_terms.bottom_30pct.txt"],
+                "iter1.06b_confused": ["iter1/differentiation/confused_tuples.bottom_30pct.jsonl",
+                                       "iter1/differentiation/confused_tuples.bottom_30pct.stats.json"],
+                "iter1.07_embed": ["iter1/differentiation/embeddings/documents.npy"],
+                "iter1.08_hardneg": ["iter1/differentiation/hard_negatives.bottom_30pct.jsonl"],
+                "iter1.09_consistency": ["iter1/differentiation/final_train_data.bottom_30pct.jsonl"]}
+    for step, files in recorded.items():
+        for f in files:
+            (src / f).parent.mkdir(parents=True, exist_ok=True)
+            (src / f).write_text(f)
+        (src / ".state" / f"{step}.outputs").write_text("".join(f + "\n" for f in files))
         (src / ".state" / f"{step}.done").write_text("0\n")
+    (src / "iter1" / "differentiation" / "stray.jsonl").write_text("no step wrote this")
     for upto, hard_negatives in (("07", False), ("08", True)):
         run_dir = tmp_path / "repair" / f"row{upto}_s1"
         assert s.reuse_repair_stages(1, run_dir, upto, "repair_conf_only")
         got = run_dir / "iter1" / "differentiation"
-        assert (got / "confused_tuples.bottom_30pct.jsonl").read_text() == "confused_tuples.bottom_30pct.jsonl"
-        assert (got / "embeddings" / "shard-0.npy").exists()
+        copied = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file()
+                        and p.parts[-2] != ".state" and p.name != "REUSED_FROM")
+        assert copied == sorted(f for step, files in recorded.items() for f in files
+                                if step == "iter0.eval" or step.split(".")[1][:2] <= upto)
+        assert (got / "confused_tuples.bottom_30pct.jsonl").read_text() == recorded["iter1.06b_confused"][0]
         assert (got / "hard_negatives.bottom_30pct.jsonl").exists() is hard_negatives
-        assert not (got / "final_train_data.bottom_30pct.jsonl").exists()
+        assert not (got / "final_train_data.bottom_30pct.jsonl").exists() and not (got / "stray.jsonl").exists()
         assert (run_dir / ".state" / "iter1.06b_confused.done").exists()
+        assert (run_dir / ".state" / "iter1.06b_confused.outputs").exists()  # a reuse of this row reuses it again
         assert (run_dir / ".state" / "iter1.08_hardneg.done").exists() is hard_negatives
         assert not (run_dir / ".state" / "iter1.09_consistency.done").exists()
+        assert not s.reuse_repair_stages(1, tmp_path / "repair" / "other_s1", "eval", "repair_conf_only")  # not done
+    (src / ".state" / "iter1.07_embed.outputs").unlink()
+    with pytest.raises(SystemExit, match=r"repair_conf_only_s1: steps iter1.07_embed have no .outputs record"):
+        s.reuse_repair_stages(1, tmp_path / "repair" / "row_s2", "08", "repair_conf_only")
+    assert not (tmp_path / "repair" / "row_s2").exists()
