@@ -24,6 +24,8 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
                         the paper merges the retriever's adapter into it); iteration 1 is copied from repair_s<seed>
   bm25_conf             bm25's data + repair_conf_only's kept tuples (lever 3 on top of the strongest baseline)
   inbatch2x / bm25x2    the 2-iteration budget (2 x --steps) for plain fine-tuning, to compare with repair iter 2
+  inbatch_cont / bm25_cont  inbatch_s<seed> / bm25_s<seed> trained --steps more on the same data: the controls of
+                        the lever-4 rows that start from those models (repair_conf_only_from_ft, repair_conf_bm25_from_bm25)
   st_reference          sentence-transformers' own trainer (MultipleNegativesRankingLoss), the calibration peer
 
     python bench/quality_scifact.py --scifact ../shared/data/scifact --out runs/quality --rows offshelf inbatch bm25 repair --seeds 1 2
@@ -50,7 +52,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,7 +125,8 @@ class Variant(NamedTuple):
     # copied instead of recomputed, since the same commands with the same seed write the same files; None = nothing
     shared: str | None = None
     budget: str = "steps"      # "steps": --steps optimizer steps; "claims": 2 epochs of T0 + tuples (lever 4)
-    start: str = "offshelf"    # "inbatch": iteration 1 diagnoses and trains inbatch_s<seed>'s model (lever 4)
+    start: str = "offshelf"    # a baseline row ("inbatch", "bm25"): iteration 1 diagnoses and trains <row>_s<seed>'s
+                               # model (lever 4), whose --steps count in the row's steps
 
 
 VARIANTS: dict[str, Variant] = {
@@ -165,6 +168,10 @@ VARIANTS: dict[str, Variant] = {
     # levers 3 + 4 + bm25 negatives for T0: lever 4's start (inbatch_s<seed>) and diagnosis with bm25_conf's data
     "repair_conf_bm25_from_ft": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "T0_NEGATIVES": "bm25"},
                                         "09:repair_conf_only_from_ft", start="inbatch"),
+    # the same from the strongest baseline's model: diagnose bm25_s<seed> and train it 42 more steps with its own
+    # data plus lever 3's tuples (the equal-steps control is bm25x2, 84 steps of BM25 negatives)
+    "repair_conf_bm25_from_bm25": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "T0_NEGATIVES": "bm25"}, None,
+                                          start="bm25"),
     # Eq. 6 with kappa = TOP_K: keep the diagnosed claims whose gold positive ranks low in its own pool (the most
     # confused ones, which kappa 5 drops although their positive is gold, not generated)
     "repair_conf_only_k15": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),
@@ -364,14 +371,23 @@ class Study:
                 return tuples_of(other)
         raise SystemExit(f"bm25_conf: run the repair_conf_only row through step 09 first ({tuples_of(seed)})")
 
-    def inbatch_cont(self, seed: int) -> dict:
-        """Plain fine-tuning continued from inbatch_s<seed> for --steps more: the control of repair_from_ft."""
-        start = self.out / "train" / f"inbatch_s{seed}"
+    def continued(self, start_row: str, seed: int, data_flags: Callable[[], list[str]]) -> dict:
+        """Plain fine-tuning continued from <start_row>_s<seed> for --steps more on ``flags``' data: the equal-steps
+        control of a lever-4 row that starts from that model (a new schedule from the same start, as the driver's).
+        ``data_flags`` is called only once the start exists (the BM25 triplets are mined on first use)."""
+        start = self.out / "train" / f"{start_row}_s{seed}"
         if not training_finished(start):
-            raise SystemExit(f"inbatch_cont: run the inbatch row for seed {seed} first ({start})")
-        flags = ["--train_data", self.scifact, "--split", "train"]
-        result = self._train_and_eval(f"inbatch_cont_s{seed}", flags, self.args.steps, seed, model=str(start))
+            raise SystemExit(f"{start_row}_cont: run the {start_row} row for seed {seed} first ({start})")
+        result = self._train_and_eval(f"{start_row}_cont_s{seed}", data_flags(), self.args.steps, seed, model=str(start))
         return {**result, "steps": 2 * self.args.steps}
+
+    def inbatch_cont(self, seed: int) -> dict:
+        """The control of repair_conf_only_from_ft / repair_from_ft: in-batch fine-tuning continued."""
+        return self.continued("inbatch", seed, lambda: ["--train_data", self.scifact, "--split", "train"])
+
+    def bm25_cont(self, seed: int) -> dict:
+        """The control of repair_conf_bm25_from_bm25: BM25-negative fine-tuning continued from bm25_s<seed>."""
+        return self.continued("bm25", seed, lambda: ["--triplets", self.bm25_triplets(), "--num_hard_negatives", "1"])
 
     def inbatch2x(self, seed: int) -> dict:
         return self.inbatch(seed, 2 * self.args.steps, "inbatch2x")
@@ -492,16 +508,16 @@ class Study:
                           "OPENAI_EXTRA": '{"repeat_penalty": 1.2}'})
         if variant.budget == "claims":  # the budget counted in claims: 2 epochs of T0 + tuples, no step cap
             extra["TRAIN_EXTRA"] = "--epochs 2 --warmup_ratio 0.1 --weight_decay 0.01 --save_steps 0 --no_progress"
-        if variant.start == "inbatch":  # iteration 1 diagnoses and trains the plain fine-tuned model
-            start = self.out / "train" / f"inbatch_s{seed}"
+        if variant.start != "offshelf":  # iteration 1 diagnoses and trains a plain fine-tuned model (lever 4)
+            start = self.out / "train" / f"{variant.start}_s{seed}"
             if not training_finished(start):
-                raise SystemExit(f"{row}: run the inbatch row for seed {seed} first ({start})")
+                raise SystemExit(f"{row}: run the {variant.start} row for seed {seed} first ({start})")
             extra["MODEL"] = str(start)
-            self.reuse_eval(f"inbatch_s{seed}", run_dir)
+            self.reuse_eval(f"{variant.start}_s{seed}", run_dir)
         reused = self.reuse_repair_stages(seed, run_dir, upto, source_row or "repair") if upto else False
         result = self._driver(name, seed, extra)
-        if variant.start == "inbatch":
-            result["steps"] += self.args.steps  # the in-batch training it starts from
+        if variant.start != "offshelf":
+            result["steps"] += self.args.steps  # the plain fine-tuning it starts from
         return {**result, "reused_repair_stages": reused}
 
     def causalneg(self, seed: int) -> dict:
@@ -525,7 +541,8 @@ class Study:
         return {**self.evaluate_row(f"st_reference_s{seed}", str(folder)), "train_seconds": round(seconds)}
 
 
-BASELINE_ROWS = ("offshelf", "inbatch", "bm25", "st_mined", "inbatch2x", "inbatch_cont", "bm25x2", "st_reference")
+BASELINE_ROWS = ("offshelf", "inbatch", "bm25", "st_mined", "inbatch2x", "inbatch_cont", "bm25x2", "bm25_cont",
+                 "st_reference")
 
 
 def row_name(stem: str) -> str:

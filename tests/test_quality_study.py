@@ -176,3 +176,18 @@ def test_a_lever_row_reusing_stages_copies_exactly_the_files_each_shared_step_re
     with pytest.raises(SystemExit, match=r"repair_conf_only_s1: steps iter1.07_embed have no .outputs record"):
         s.reuse_repair_stages(1, tmp_path / "repair" / "row_s2", "08", "repair_conf_only")
     assert not (tmp_path / "repair" / "row_s2").exists()
+
+
+def test_lever_4_rows_and_their_controls_refuse_to_start_without_the_baseline_model_they_continue(tmp_path):
+    """A row that starts from a baseline's model (repair_conf_bm25_from_bm25, bm25_cont, inbatch_cont) names the row
+    to run first and the folder it looked in, before any work (no run folder, no mined data)."""
+    study = load_study()
+    s = study.Study.__new__(study.Study)
+    s.out = tmp_path
+    for call, row in ((lambda: s.variant("repair_conf_bm25_from_bm25", 3), "bm25"), (lambda: s.bm25_cont(3), "bm25"),
+                      (lambda: s.inbatch_cont(3), "inbatch")):
+        with pytest.raises(SystemExit, match=f"run the {row} row for seed 3 first \\({tmp_path}/train/{row}_s3\\)"):
+            call()
+    assert not (tmp_path / "repair").exists() and not (tmp_path / "data").exists()
+    assert study.VARIANTS["repair_conf_bm25_from_bm25"].settings["T0_NEGATIVES"] == "bm25"
+    assert "bm25_cont" in study.BASELINE_ROWS
