@@ -687,20 +687,25 @@ def plot_dev(rows: dict[str, dict[int, dict]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    steps = {name: sorted({r.get("steps") for r in by_seed.values() if r.get("steps") is not None})
+             for name, by_seed in rows.items()}
     dev = [(name, [v for r in by_seed.values() if (v := _metric(r, "dev_ndcg10")) is not None])
            for name, by_seed in rows.items()]
     dev = [(n, v) for n, v in dev if v]
-    dev.sort(key=lambda nv: (nv[0] not in BASELINE_ROWS, statistics.mean(nv[1])))
-    fig, ax = plt.subplots(figsize=(7, 0.35 * len(dev) + 1.2))
+    # grouped by budget (rows compare only with rows of the same steps), then baselines first, then by mean
+    dev.sort(key=lambda nv: (steps[nv[0]], nv[0] not in BASELINE_ROWS, statistics.mean(nv[1])))
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(dev) + 1.2))
     for y, (name, values) in enumerate(dev):
         colour = "0.6" if name in BASELINE_ROWS else "tab:blue"
         ax.barh(y, statistics.mean(values), color=colour, alpha=0.5)
         ax.plot(values, [y] * len(values), "o", color=colour, ms=4)
-    ax.set_yticks(range(len(dev)), [f"{n} ({len(v)})" for n, v in dev])
+    ax.set_yticks(range(len(dev)), [f"{n} ({len(v)} seed{'s' * (len(v) > 1)}, "
+                                    f"{'/'.join(map(str, steps[n])) or '?'} steps)" for n, v in dev])
     lo = min(min(v) for _, v in dev)
     ax.set_xlim(lo - 0.02, max(max(v) for _, v in dev) + 0.01)
-    ax.set_xlabel("dev nDCG@10 (162 held-out SciFact train claims; dots = seeds, bar = mean)")
-    ax.set_title("SciFact, all-MiniLM-L6-v2, equal steps: plain baselines (grey) vs REPAIR levers (blue)", fontsize=9)
+    ax.set_xlabel("dev nDCG@10 (162 held-out SciFact train claims; dot = seed, bar = mean)", fontsize=9)
+    ax.set_title("SciFact, all-MiniLM-L6-v2: plain baselines (grey) vs REPAIR (blue),\n"
+                 "grouped by optimizer steps (compare within a group)", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
