@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .driver_steps import StepRunner, say, write_outputs
+from .driver_steps import StepRunner, say, step_outputs, write_outputs
 from .verification import count_valid
 
 SOURCES = ("local", "semantic_scholar", "elsevier")
@@ -112,7 +112,7 @@ def run_expansion_rounds(stage: ExpansionRounds, runner: StepRunner, *, python: 
         for path in stage.outputs():
             if path.is_file():
                 path.unlink()
-    valid = 0
+    valid = round_no = 0
     for round_no in range(1, stage.max_rounds + 1):
         runner.run(f"{stage.iteration}.05_generate.r{round_no}", stage.generate_command(python, scripts, round_no))
         runner.run(f"{stage.iteration}.06_verify.r{round_no}", stage.verify_command(python, scripts))
@@ -124,10 +124,9 @@ def run_expansion_rounds(stage: ExpansionRounds, runner: StepRunner, *, python: 
         say(f"expansion stopped at the round limit ({stage.max_rounds}): {valid} / {stage.target_valid} valid tuples; "
             "the run goes on with")
         say("  these (more: raise MAX_ROUNDS or GEN_ROUND, or use a stronger generator; see docs/expansion.md)")
-    # the stage's record (repair.driver_steps): every file of its rounds, as a reused stage takes them all; only
-    # files inside the run folder can be reused (the driver writes them all there)
-    root = Path(runner.state_dir).parent.resolve()
+    # the stage's record (repair.driver_steps): the union of its rounds' step records, as a reused stage takes them all
+    rounds = [f"{stage.iteration}.{step}.r{r}" for r in range(1, round_no + 1) for step in ("05_generate", "06_verify")]
     write_outputs(runner.state_dir, f"{stage.iteration}.expansion",
-                  [str(path.resolve().relative_to(root)) for path in stage.outputs() if path.resolve().is_relative_to(root)])
+                  sorted({f for name in rounds for f in (step_outputs(runner.state_dir, name) or [])}))
     marker.write_text(f"{valid}\n")
     return valid
