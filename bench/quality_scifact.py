@@ -609,6 +609,21 @@ def recorded_rows(path: Path) -> dict[str, dict[int, dict]]:
     return rows
 
 
+def budget_name(name: str, steps: int | None, recorded: dict[str, dict[int, dict]]) -> str:
+    """A folder's row trained for another number of steps than the recorded row of that name (a study run with
+    ``--steps 84`` in its own ``--out``) is another configuration: it is kept as ``<name>@<steps>`` beside the
+    recorded one, never merged into it (rows compare only at equal steps)."""
+    recorded_steps = {r.get("steps") for r in recorded.get(name, {}).values()} - {None}
+    if steps is None or not recorded_steps or steps in recorded_steps:
+        return name
+    return f"{name}@{steps}"
+
+
+def is_baseline(name: str) -> bool:
+    """``bm25@84`` is the bm25 baseline at another budget."""
+    return name.partition("@")[0] in BASELINE_ROWS
+
+
 def merged_rows(out: Path, recorded: Path | None) -> dict[str, dict[int, dict]]:
     """The run folder's rows, plus (with ``recorded``) every (row, seed) of an earlier export the folder lacks. A
     (row, seed) in both keeps the recorded result, the one its test numbers were computed on, and prints the
@@ -617,8 +632,9 @@ def merged_rows(out: Path, recorded: Path | None) -> dict[str, dict[int, dict]]:
     if recorded is None or not recorded.exists():
         return rows
     merged = recorded_rows(recorded)
-    for name, by_seed in rows.items():
+    for folder_name, by_seed in rows.items():
         for seed, result in by_seed.items():
+            name = budget_name(folder_name, result.get("steps"), merged)
             kept = merged.setdefault(name, {}).get(seed)
             if kept is None:
                 merged[name][seed] = result
@@ -671,7 +687,7 @@ def export(rows: dict[str, dict[int, dict]], path: Path) -> list[dict]:
                 config[key] = portable
         if seeds != [0]:
             command = re.sub(r"--seeds( \d+)+", "--seeds " + " ".join(map(str, seeds)), command)
-        objects.append({"name": name, "kind": "baseline" if name in BASELINE_ROWS else "repair",
+        objects.append({"name": name, "kind": "baseline" if is_baseline(name) else "repair",
                         "config": config, "command": command, "seeds": seeds,
                         **per_seed, **means, "steps": first.get("steps"), "wall_seconds_per_stage": stage,
                         "counts": counts if any(counts.values()) else None})
@@ -693,10 +709,10 @@ def plot_dev(rows: dict[str, dict[int, dict]], path: Path) -> None:
            for name, by_seed in rows.items()]
     dev = [(n, v) for n, v in dev if v]
     # grouped by budget (rows compare only with rows of the same steps), then baselines first, then by mean
-    dev.sort(key=lambda nv: (steps[nv[0]], nv[0] not in BASELINE_ROWS, statistics.mean(nv[1])))
+    dev.sort(key=lambda nv: (steps[nv[0]], not is_baseline(nv[0]), statistics.mean(nv[1])))
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(dev) + 1.2))
     for y, (name, values) in enumerate(dev):
-        colour = "0.6" if name in BASELINE_ROWS else "tab:blue"
+        colour = "0.6" if is_baseline(name) else "tab:blue"
         ax.barh(y, statistics.mean(values), color=colour, alpha=0.5)
         ax.plot(values, [y] * len(values), "o", color=colour, ms=4)
     ax.set_yticks(range(len(dev)), [f"{n} ({len(v)} seed{'s' * (len(v) > 1)}, "
@@ -780,7 +796,7 @@ def main() -> None:
     p.add_argument("--merge", default=None, metavar="JSON",
                    help="with --export/--summarize: also every (row, seed) an earlier export recorded that --out lacks "
                         "(a run folder lost with its machine); a (row, seed) in both keeps the recorded result and "
-                        "prints the rerun beside it")
+                        "prints the rerun beside it; a row trained for other --steps than the recorded one is kept as <row>@<steps>")
     args = p.parse_args()
     out = Path(args.out)
     if args.summarize or args.export:

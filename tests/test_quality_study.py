@@ -20,13 +20,13 @@ def load_study():
     return module
 
 
-def write_row(out: Path, key: str, **values) -> None:
+def write_row(out: Path, key: str, steps: int = 42, **values) -> None:
     (out / "rows").mkdir(parents=True, exist_ok=True)
     settings = {"scifact": "/abs/scifact", "out": str(out), "biosses": "/abs/biosses"}
     (out / "rows" / f"{key}.json").write_text(json.dumps(
         {**values, "settings": settings, "command": f"python bench/quality_scifact.py --scifact /abs/scifact "
                                                     f"--out {out} --rows {key.rpartition('_s')[0]} --seeds 1",
-         "steps": 42, "train_seconds": 10, "eval_seconds": 5}))
+         "steps": steps, "train_seconds": 10, "eval_seconds": 5}))
 
 
 def test_export_then_merge_round_trips_and_keeps_recorded_results(tmp_path, capsys):
@@ -87,6 +87,30 @@ def test_merge_adds_a_reruns_test_numbers_only_when_it_reproduces_the_recorded_m
     out = capsys.readouterr().out
     assert "bm25_conf seed 1: the rerun reproduces dev_ndcg10" in out
     assert "bm25_conf seed 2: the rerun does not reproduce the recorded dev_ndcg10" in out
+
+
+def test_merge_keeps_a_row_trained_for_other_steps_as_its_own_row(tmp_path, capsys):
+    """``--steps 84`` in its own --out folder: its bm25_conf is not the recorded 42-step bm25_conf (not merged into
+    it, not replacing it) but ``bm25_conf@84``, a baseline stays a baseline, and exporting twice changes nothing."""
+    study = load_study()
+    old = tmp_path / "old"
+    write_row(old, "bm25_s1", dev_ndcg10=0.7211, biosses=0.81)
+    write_row(old, "bm25_conf_s1", dev_ndcg10=0.7230, biosses=0.82)
+    recorded = tmp_path / "results.json"
+    study.export(study.collect(old), recorded)
+    longer = tmp_path / "quality_84"
+    write_row(longer, "bm25_conf_s1", steps=84, dev_ndcg10=0.7350, test_ndcg10=0.71, test_recall100=0.95, biosses=0.80)
+    write_row(longer, "bm25_s1", steps=42, dev_ndcg10=0.7211, biosses=0.81)  # same budget: the same row
+    rows = study.merged_rows(longer, recorded)
+    assert sorted(rows) == ["bm25", "bm25_conf", "bm25_conf@84"]
+    assert rows["bm25_conf"][1]["dev_ndcg10"] == 0.7230 and rows["bm25_conf"][1].get("test_ndcg10") is None
+    assert rows["bm25_conf@84"][1]["dev_ndcg10"] == 0.7350 and rows["bm25_conf@84"][1]["steps"] == 84
+    assert "bm25 seed 1: kept the recorded result" in capsys.readouterr().out
+    objects = {o["name"]: o for o in study.export(rows, tmp_path / "merged.json")}
+    assert objects["bm25_conf@84"]["test_ndcg10"] == {"1": 0.71} and objects["bm25_conf@84"]["kind"] == "repair"
+    assert study.is_baseline("bm25@84") and not study.is_baseline("bm25_conf@84")
+    again = study.merged_rows(longer, tmp_path / "merged.json")  # the next export, from the same folder
+    assert sorted(again) == sorted(rows) and again["bm25_conf@84"][1]["dev_ndcg10"] == 0.7350
 
 
 def test_bm25_conf_takes_lever_3_tuples_from_a_finished_seed_and_refuses_without_one(tmp_path):
