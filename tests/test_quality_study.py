@@ -29,6 +29,16 @@ def write_row(out: Path, key: str, steps: int = 42, **values) -> None:
          "steps": steps, "train_seconds": 10, "eval_seconds": 5}))
 
 
+def recorded_export(tmp_path: Path, rows: dict[str, dict]) -> Path:
+    """An earlier session's export: its run folder's rows (key -> values) written, exported, the folder gone."""
+    old = tmp_path / "old"
+    for key, values in rows.items():
+        write_row(old, key, **values)
+    recorded = tmp_path / "results.json"
+    load_study().export(load_study().collect(old), recorded)
+    return recorded
+
+
 def test_export_then_merge_round_trips_and_keeps_recorded_results(tmp_path, capsys):
     study = load_study()
     old = tmp_path / "old"
@@ -73,11 +83,8 @@ def test_merge_adds_a_reruns_test_numbers_only_when_it_reproduces_the_recorded_m
     """A dev row chosen for test after its folder was lost is retrained: its test numbers join the recorded dev
     number only when the rerun's dev number says it is the same model; otherwise the rerun is used whole."""
     study = load_study()
-    old = tmp_path / "old"
-    write_row(old, "bm25_conf_s1", dev_ndcg10=0.7230, biosses=0.81)
-    write_row(old, "bm25_conf_s2", dev_ndcg10=0.7210, biosses=0.82)
-    recorded = tmp_path / "results.json"
-    study.export(study.collect(old), recorded)
+    recorded = recorded_export(tmp_path, {"bm25_conf_s1": dict(dev_ndcg10=0.7230, biosses=0.81),
+                                          "bm25_conf_s2": dict(dev_ndcg10=0.7210, biosses=0.82)})
     new = tmp_path / "new"
     write_row(new, "bm25_conf_s1", dev_ndcg10=0.72301, test_ndcg10=0.69, test_recall100=0.95, biosses=0.81)
     write_row(new, "bm25_conf_s2", dev_ndcg10=0.7150, test_ndcg10=0.68, test_recall100=0.94, biosses=0.80)
@@ -93,11 +100,8 @@ def test_merge_keeps_a_row_trained_for_other_steps_as_its_own_row(tmp_path, caps
     """``--steps 84`` in its own --out folder: its bm25_conf is not the recorded 42-step bm25_conf (not merged into
     it, not replacing it) but ``bm25_conf@84``, a baseline stays a baseline, and exporting twice changes nothing."""
     study = load_study()
-    old = tmp_path / "old"
-    write_row(old, "bm25_s1", dev_ndcg10=0.7211, biosses=0.81)
-    write_row(old, "bm25_conf_s1", dev_ndcg10=0.7230, biosses=0.82)
-    recorded = tmp_path / "results.json"
-    study.export(study.collect(old), recorded)
+    recorded = recorded_export(tmp_path, {"bm25_s1": dict(dev_ndcg10=0.7211, biosses=0.81),
+                                          "bm25_conf_s1": dict(dev_ndcg10=0.7230, biosses=0.82)})
     longer = tmp_path / "quality_84"
     write_row(longer, "bm25_conf_s1", steps=84, dev_ndcg10=0.7350, test_ndcg10=0.71, test_recall100=0.95, biosses=0.80)
     write_row(longer, "bm25_s1", steps=42, dev_ndcg10=0.7211, biosses=0.81)  # same budget: the same row
