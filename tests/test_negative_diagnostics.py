@@ -223,3 +223,26 @@ def test_bench_script_writes_table_json_and_plots(tmp_path, tiny_model_dir):
     assert "| vanilla | 12 |" in (out / "diagnostics.md").read_text()
     for name in ("similarities.png", "clusters.png", "dynamics.png"):
         assert (out / name).stat().st_size > 1000
+
+
+def test_negative_overlap_script_counts_shared_trained_negatives(tmp_path):
+    """bench/negative_overlap.py: the trained negative is d_neg when present (Stage III's files), else the first of
+    hard_negatives (09b's BM25 triplets); texts compare whitespace-normalised; only queries in both files count."""
+    a, b = tmp_path / "repair.jsonl", tmp_path / "bm25.jsonl"
+    a.write_text("\n".join(json.dumps(r) for r in [
+        {"query": "q1", "pos_document": "p", "hard_negatives": ["x", "y"], "d_neg": "y"},   # trained y
+        {"query": "q2", "pos_document": "p", "hard_negatives": ["z  doc", "w"]},           # trained "z doc"
+        {"query": "q3", "pos_document": "p", "hard_negatives": ["v"]},                     # not in B
+    ]) + "\n")
+    b.write_text("\n".join(json.dumps(r) for r in [
+        {"query": "q1", "pos_document": "p", "hard_negatives": ["y", "x"]},
+        {"query": " q2", "pos_document": "p", "hard_negatives": ["u", "z doc"]},
+    ]) + "\n")
+    script = Path(__file__).resolve().parents[1] / "bench" / "negative_overlap.py"
+    done = subprocess.run([sys.executable, script, a, b], capture_output=True, text=True, check=True)
+    counts = json.loads(done.stdout.splitlines()[0])
+    assert counts == {"queries_a": 3, "queries_b": 2, "shared_queries": 2, "same_trained_negative": 1,
+                      "a_trained_in_b_list": 2, "b_trained_in_a_list": 1}
+    b.write_text('{"query": "q1", "pos_document": "p", "hard_negatives": "y"}\n')
+    bad = subprocess.run([sys.executable, script, a, b], capture_output=True, text=True)
+    assert bad.returncode == 2 and f"{b}:1" in bad.stderr and "hard_negatives" in bad.stderr
