@@ -2,10 +2,11 @@
 """Do two negative sources pick the same documents for the same queries? (issue 16: lever 3's model-aware negatives
 against BM25's, on the claims both cover.)
 
-Reads two triplet JSONL files (``query``, ``hard_negatives``; ``d_neg`` when present is the trained negative, else
-the first of ``hard_negatives``) and prints, over the queries of A that B also has: how often the trained negative is
-the same document, how often A's trained negative is anywhere in B's list and B's in A's. Documents are compared by
-their whitespace-normalised text, as Stage III compares them.
+Reads two triplet JSONL files with the negative diagnostics' reader (``query``, ``pos_document``,
+``hard_negatives``; the first of ``hard_negatives`` is the trained negative: Stage III's ``d_neg`` and 09b's first
+mined one) and prints, over the queries of A that B also has: how often the trained negative is the same document,
+how often A's trained negative is anywhere in B's list and B's in A's. Documents are compared by their
+whitespace-normalised text, as that reader deduplicates them.
 
 Example:
   python bench/negative_overlap.py runs/quality_84/repair/repair_conf_only_s1/iter1/differentiation/\\
@@ -19,7 +20,8 @@ import json
 from pathlib import Path
 
 from repair.cli import fail
-from repair.data import DataError, iter_jsonl
+from repair.causalneg.diagnostics import read_negative_sets
+from repair.data import DataError
 
 
 def _norm(text: str) -> str:
@@ -27,15 +29,11 @@ def _norm(text: str) -> str:
 
 
 def read_negatives(path: str | Path) -> dict[str, list[str]]:
-    """query -> its negatives, the trained one first (a query's first line wins, as in training's deduplication)."""
+    """query -> its negatives in file order, the trained one first (repair.causalneg.diagnostics' triplet reader)."""
+    data = read_negative_sets([path])
     by_query: dict[str, list[str]] = {}
-    for rec in iter_jsonl(path, {"query": str, "hard_negatives": list[str]}, {"d_neg": str}):
-        negatives = [_norm(t) for t in rec["hard_negatives"]]
-        if rec.get("d_neg"):
-            first = _norm(rec["d_neg"])
-            negatives = [first] + [t for t in negatives if t != first]
-        if negatives:
-            by_query.setdefault(_norm(rec["query"]), negatives)
+    for text, owner in zip(data.neg_texts, data.neg_owner):
+        by_query.setdefault(_norm(data.queries[owner]), []).append(_norm(text))
     return by_query
 
 

@@ -226,11 +226,11 @@ def test_bench_script_writes_table_json_and_plots(tmp_path, tiny_model_dir):
 
 
 def test_negative_overlap_script_counts_shared_trained_negatives(tmp_path):
-    """bench/negative_overlap.py: the trained negative is d_neg when present (Stage III's files), else the first of
-    hard_negatives (09b's BM25 triplets); texts compare whitespace-normalised; only queries in both files count."""
+    """bench/negative_overlap.py: the trained negative is the first of hard_negatives (Stage III writes it as d_neg
+    too); texts compare whitespace-normalised; only queries in both files count."""
     a, b = tmp_path / "repair.jsonl", tmp_path / "bm25.jsonl"
     a.write_text("\n".join(json.dumps(r) for r in [
-        {"query": "q1", "pos_document": "p", "hard_negatives": ["x", "y"], "d_neg": "y"},   # trained y
+        {"query": "q1", "pos_document": "p", "hard_negatives": ["y", "x"], "d_neg": "y"},   # trained y
         {"query": "q2", "pos_document": "p", "hard_negatives": ["z  doc", "w"]},           # trained "z doc"
         {"query": "q3", "pos_document": "p", "hard_negatives": ["v"]},                     # not in B
     ]) + "\n")
