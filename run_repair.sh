@@ -114,12 +114,30 @@ eval_step() {  # eval_step NAME OUT_JSON [--adapter DIR]
     --max_length "$MAX_LENGTH" --batch_size "$BATCH_SIZE" --cache_dir "$EMB_CACHE" "${DEVICE_FLAG[@]}" --output "$out"
 }
 
-# ------------------------------------------------------------------------------------------ iteration 0: baseline eval
-mkdir -p "$OUT_DIR/iter0/eval"
-CUR_MODEL="$MODEL"  # full fine-tuning replaces the model folder each iteration; LoRA keeps MODEL + an adapter
-BASE_ADAPTER_FLAG=(); [[ -n "$ADAPTER" ]] && BASE_ADAPTER_FLAG=(--adapter "$ADAPTER")
-eval_step iter0.eval "$OUT_DIR/iter0/eval/eval.json" "${BASE_ADAPTER_FLAG[@]}"
+# ------------------------------------------------------------------------------------------ training (one command)
+FT=(); [[ "$FULL_FINETUNE" == 1 ]] && FT=(--full_finetune)
+LAUNCH=("$PYTHON"); [[ "$NPROC" -gt 1 ]] && LAUNCH=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC")
+# ITER_STEPS=t0: every training takes the steps plain fine-tuning on T0 takes (EPOCHS x ceil(|T0| / GLOBAL_BATCH));
+# the trainer then stops at --max_steps whatever the triplets add (issue 16's equal-steps budget)
+STEPS_FLAG=(); [[ "$ITER_STEPS" == t0 ]] && STEPS_FLAG=(--max_steps $((EPOCHS * ((T0_SIZE + GLOBAL_BATCH - 1) / GLOBAL_BATCH))))
+# train_step NAME OUTPUT_DIR DATA_FLAGS...: fine-tune the current retriever (CUR_MODEL, starting from CUR_ADAPTER)
+# on DATA_FLAGS, then make the result the current retriever (full fine-tuning: a model folder; LoRA: an adapter).
+# Any earlier attempt (with or without a checkpoint: --save_steps 0 writes none) is resumed; without a checkpoint
+# the trainer restarts from step 0 and drops the killed run's log lines.
+train_step() {
+  local name=$1 out=$2; shift 2
+  local resume=(); [[ -d "$out" ]] && resume=(--resume)
+  local init=(); [[ -n "$CUR_ADAPTER" ]] && init=(--init_adapter "$CUR_ADAPTER")
+  # shellcheck disable=SC2086
+  step "$name" "" "${LAUNCH[@]}" "$HERE/training/10_train_lora.py" --model "$CUR_MODEL" "${init[@]}" "${FT[@]}" \
+    "$@" --num_hard_negatives "$NUM_HARD_NEG" \
+    --output_dir "$out" --epochs "$EPOCHS" --lr "$LR" --temperature "$TEMPERATURE" --global_batch_size "$GLOBAL_BATCH" \
+    --mini_batch_size "$MINI_BATCH" --max_length "$MAX_LENGTH" --qem_lambda "$QEM_LAMBDA" --qem_tau "$QEM_TAU" --warmup_ratio "$WARMUP_RATIO" \
+    --seed "$SEED" "${resume[@]}" "${DEVICE_FLAG[@]}" "${STEPS_FLAG[@]}" $TRAIN_EXTRA
+  if [[ "$FULL_FINETUNE" == 1 ]]; then CUR_MODEL="$out"; CUR_ADAPTER=""; else CUR_ADAPTER="$out"; fi
+}
 
+CUR_MODEL="$MODEL"  # full fine-tuning replaces the model folder each iteration; LoRA keeps MODEL + an adapter
 CUR_ADAPTER="$ADAPTER"
 TRIPLETS=()
 # ---- T0_NEGATIVES=bm25: T0's own queries train with BM25-mined corpus negatives (issue 16's strongest plain
@@ -134,6 +152,17 @@ if [[ "$T0_NEGATIVES" == bm25 ]]; then
     "${T0_RESUME[@]}"
   T0_FLAGS=(--triplets "$T0_BM25")
 fi
+# ---- WARM_START=1: plain fine-tuning on T0 alone first (issue 16's lever 4): REPAIR then diagnoses a model that
+# already knows T0, so Q_conf holds what plain fine-tuning leaves confused (docs/results.md, repair_conf_bm25_from_bm25)
+mkdir -p "$OUT_DIR/iter0/eval"
+if [[ "$WARM_START" == 1 ]]; then
+  train_step iter0.10_warm_start "$OUT_DIR/iter0/adapter" "${T0_FLAGS[@]}"
+fi
+
+# ------------------------------------------------------------------------------------------ iteration 0: the starting model's eval
+AFLAG=(); [[ -n "$CUR_ADAPTER" ]] && AFLAG=(--adapter "$CUR_ADAPTER")
+eval_step iter0.eval "$OUT_DIR/iter0/eval/eval.json" "${AFLAG[@]}"
+
 for ((k = 1; k <= ITERS; k++)); do
   IT="$OUT_DIR/iter$k"
   DIA="$IT/diagnosis"; EXP="$IT/expansion"; DIF="$IT/differentiation"; ADP="$IT/adapter"; EV="$IT/eval"
@@ -225,19 +254,7 @@ for ((k = 1; k <= ITERS; k++)); do
   TRIPLETS+=(--triplets "$FINAL")
 
   # ---- Training: T0 + every iteration's triplets so far, starting from the previous adapter
-  # any earlier attempt (with or without a checkpoint: --save_steps 0 writes none) is resumed; without a
-  # checkpoint the trainer restarts from step 0 and drops the killed run's log lines
-  TRAIN_RESUME=(); [[ -d "$ADP" ]] && TRAIN_RESUME=(--resume)
-  INIT=(); [[ -n "$CUR_ADAPTER" ]] && INIT=(--init_adapter "$CUR_ADAPTER")
-  FT=(); [[ "$FULL_FINETUNE" == 1 ]] && FT=(--full_finetune)
-  LAUNCH=("$PYTHON"); [[ "$NPROC" -gt 1 ]] && LAUNCH=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC")
-  # shellcheck disable=SC2086
-  step "iter$k.10_train" "" "${LAUNCH[@]}" "$HERE/training/10_train_lora.py" --model "$CUR_MODEL" "${INIT[@]}" "${FT[@]}" \
-    "${T0_FLAGS[@]}" "${TRIPLETS[@]}" --num_hard_negatives "$NUM_HARD_NEG" \
-    --output_dir "$ADP" --epochs "$EPOCHS" --lr "$LR" --temperature "$TEMPERATURE" --global_batch_size "$GLOBAL_BATCH" \
-    --mini_batch_size "$MINI_BATCH" --max_length "$MAX_LENGTH" --qem_lambda "$QEM_LAMBDA" --qem_tau "$QEM_TAU" --warmup_ratio "$WARMUP_RATIO" \
-    --seed "$SEED" "${TRAIN_RESUME[@]}" "${DEVICE_FLAG[@]}" $TRAIN_EXTRA
-  if [[ "$FULL_FINETUNE" == 1 ]]; then CUR_MODEL="$ADP"; CUR_ADAPTER=""; else CUR_ADAPTER="$ADP"; fi
+  train_step "iter$k.10_train" "$ADP" "${T0_FLAGS[@]}" "${TRIPLETS[@]}"
   AFLAG=(); [[ -n "$CUR_ADAPTER" ]] && AFLAG=(--adapter "$CUR_ADAPTER")
 
   # ---- Evaluation after this iteration

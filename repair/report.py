@@ -31,7 +31,7 @@ class ReportError(RuntimeError):
     """The report cannot be written as asked (it would lose numbers, or PCT disagrees with the run)."""
 
 STAGES = {"diagnosis": ("01_", "02_", "03_", "04_"), "expansion": ("05_", "06_"),
-          "differentiation": ("07_", "08_", "09_", "09b_counterfactual"), "training": ("10_train",),
+          "differentiation": ("07_", "08_", "09_", "09b_counterfactual"), "training": ("10_train", "10_warm_start"),
           "eval": ("eval",)}
 
 
@@ -111,6 +111,8 @@ def collect(run_dir: str | Path, pct: int = 30) -> dict:
             row["seconds"] = _stage_seconds(run_dir, k)
         else:
             row["seconds"] = _stage_seconds(run_dir, 0)
+            if (it / "adapter").exists():  # WARM_START=1: plain fine-tuning on T0 before iteration 1
+                row["train"] = _train_summary(it / "adapter")
         iterations.append(row)
     return {"run_dir": str(run_dir), "pct": pct, "iterations": iterations}
 

@@ -286,6 +286,9 @@ def validate(resolved: Resolved, environ: Mapping[str, str]) -> list[str]:
                             "papers); it defaults to TRAIN_DATA only when that is a folder")
     if v["EXPANSION"] == "0" and v["CONFUSED_TUPLES"] != "1":
         bad("EXPANSION", "EXPANSION=0 needs CONFUSED_TUPLES=1: without Stage II's tuples Stage III has no input")
+    if v["ITER_STEPS"] == "t0" and any(flag.split("=")[0] == "--max_steps" for flag in v["TRAIN_EXTRA"].split()):
+        bad("ITER_STEPS", "ITER_STEPS=t0 sets each training's --max_steps; TRAIN_EXTRA gives one too "
+                          f"({v['TRAIN_EXTRA']!r}): keep one of them")
     return problems
 
 

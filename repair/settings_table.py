@@ -148,6 +148,15 @@ SETTINGS: tuple[Setting, ...] = (
        "negatives (differentiation/09b_counterfactual_negatives.py --config mined over LOCAL_CORPUS, else the "
        "TRAIN_DATA folder), issue 16's strongest plain baseline, under REPAIR's triplets (PROFILE=confused-bm25)",
        "choice", choices=("none", "bm25")),
+    _s("WARM_START", "Training", "0",
+       "1 = fine-tune MODEL on T0 alone first (T0_NEGATIVES' data, these training settings; step "
+       "iter0.10_warm_start into $OUT_DIR/iter0/adapter): iteration 0 evaluates and iteration 1 diagnoses that "
+       "model, not the backbone (issue 16's lever 4, PROFILE=confused-bm25-warm)", "flag"),
+    _s("ITER_STEPS", "Training", "epochs",
+       "epochs = each training runs EPOCHS over its data (T0 + the triplets so far); t0 = EPOCHS x ceil(|T0| / "
+       "GLOBAL_BATCH) optimizer steps, what plain fine-tuning on T0 takes, whatever the triplets add (issue 16's "
+       "equal-steps budget: REPAIR's tuples take batch slots instead of adding steps)", "choice",
+       choices=("epochs", "t0")),
     _s("FULL_FINETUNE", "Training", "0", "1 = train every weight (no LoRA)", "flag"),
     _s("TRAIN_EXTRA", "Training", "", "extra flags passed to training/10_train_lora.py"),
 )

@@ -462,3 +462,40 @@ def test_driver_issue16_levers_reach_their_steps(tiny_model_dir, tmp_path, serve
     assert f"--triplets {t0_bm25}" in train_cmd and "--train_data" not in train_cmd
     args = json.loads((only_dir / "adapter" / "training_args.json").read_text())
     assert args["examples"] == len(mined) + len(rows)
+
+
+def test_driver_warm_start_diagnoses_the_fine_tuned_model_at_t0s_steps(tiny_model_dir, tmp_path, server):
+    """WARM_START=1 (issue 16's lever 4 as one run): plain fine-tuning on T0 alone comes first, and iteration 0's
+    evaluation, iteration 1's diagnosis, Stage III's embeddings and iteration 1's training all start from that model,
+    not the backbone. ITER_STEPS=t0 gives every training the steps plain fine-tuning on T0 takes."""
+    data = make_corpus(tmp_path / "matsci")
+    env = driver_env(tmp_path, tiny_model_dir, data, server.url, "run_warm")
+    env.update({"ITERS": "1", "EPOCHS": "2", "EXPANSION": "0", "CONFUSED_TUPLES": "1", "T0_NEGATIVES": "bm25",
+                "WARM_START": "1", "ITER_STEPS": "t0"})
+    proc = run_driver(env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run, logs = tmp_path / "run_warm", tmp_path / "run_warm" / "logs"
+    warm = run / "iter0" / "adapter"
+    t0_bm25 = run / "t0_negatives" / "t0_bm25.jsonl"
+    # |T0| = 12 pairs at GLOBAL_BATCH 8: 2 steps an epoch, EPOCHS 2 -> 4 steps for every training
+    warm_cmd = (logs / "iter0.10_warm_start.cmd").read_text()
+    assert f"--triplets {t0_bm25}" in warm_cmd and "--max_steps 4" in warm_cmd and "--init_adapter" not in warm_cmd
+    assert [json.loads(x)["step"] for x in (warm / "train_log.jsonl").open()] == [1, 2, 3, 4]
+    # LoRA (the test's FULL_FINETUNE=0): the warm-started adapter is what every later step loads
+    for step in ("iter0.eval", "iter1.01_margin", "iter1.07_embed"):
+        assert f"--adapter {warm}" in (logs / f"{step}.cmd").read_text(), step
+    train_cmd = (logs / "iter1.10_train.cmd").read_text()
+    assert f"--init_adapter {warm}" in train_cmd and "--max_steps 4" in train_cmd
+    trained = json.loads((run / "iter1" / "adapter" / "training_args.json").read_text())
+    # the kept tuples take batch slots: more examples than T0's, the same 4 steps
+    assert trained["examples"] > 12
+    assert [json.loads(x)["step"] for x in (run / "iter1" / "adapter" / "train_log.jsonl").open()] == [1, 2, 3, 4]
+    # the warm start trained the retriever: LoRA's B matrices start at zero, so nonzero ones are trained weights
+    from safetensors.torch import load_file
+    lora_b = [t for name, t in load_file(warm / "adapter_model.safetensors").items() if "lora_B" in name]
+    assert lora_b and all(t.abs().sum() > 0 for t in lora_b)
+    report = json.loads((run / "report.json").read_text())
+    assert report["iterations"][0]["seconds"]["training"] > 0  # the warm start counts as iteration 0's training
+    # ITER_STEPS=t0 and a --max_steps of one's own are refused before any work, naming both
+    refused = run_driver({**env, "TRAIN_EXTRA": "--max_steps 9", "OUT_DIR": str(tmp_path / "r1")}, timeout=60)
+    assert refused.returncode == 2 and "ITER_STEPS=t0 sets each training's --max_steps" in refused.stderr

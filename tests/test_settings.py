@@ -83,6 +83,11 @@ def test_paths_splits_and_computed_defaults(tmp_path):
     assert problems_for({"TRAIN_DATA": str(TINY), "T0_NEGATIVES": "bm25"}) == []
     assert problems_for({"TRAIN_DATA": str(TINY), "T0_NEGATIVES": "dense"}) == [
         "T0_NEGATIVES must be none or bm25, got 'dense'"]
+    # ITER_STEPS=t0 writes each training's --max_steps: a second one in TRAIN_EXTRA would silently win
+    assert problems_for({"TRAIN_DATA": str(TINY), "ITER_STEPS": "t0", "TRAIN_EXTRA": "--max_steps=9"}) == [
+        "ITER_STEPS=t0 sets each training's --max_steps; TRAIN_EXTRA gives one too ('--max_steps=9'): keep one of them"]
+    assert problems_for({"TRAIN_DATA": str(TINY), "ITER_STEPS": "t0", "TRAIN_EXTRA": "--save_steps 0"}) == []
+    assert problems_for({"TRAIN_DATA": str(TINY), "ITER_STEPS": "steps"}) == ["ITER_STEPS must be epochs or t0, got 'steps'"]
     v = resolve({"TRAIN_DATA": str(TINY), "NEGATIVES": "causalneg", "MODEL": "minilm"}, ROOT).values
     assert (v["LOCAL_CORPUS"], v["GEN_MODEL"], v["NUM_HARD_NEG"], v["QEM_LAMBDA"]) == (str(TINY), "minilm", "-1", "0.1")
     v = resolve({"TRAIN_DATA": str(TINY)}, ROOT).values
@@ -100,7 +105,7 @@ def test_profiles_sit_between_defaults_and_the_environment(tmp_path):
     with pytest.raises(SettingsError, match="DEMO must be full or tiny, got 'huge'"):
         resolve({"DEMO": "huge"}, ROOT)
     with pytest.raises(SettingsError,
-                       match="PROFILE must be confused \\| confused-bm25 \\| demo \\| demo-tiny or a profile file, got 'fast'"):
+                       match="PROFILE must be confused \\| confused-bm25 \\| confused-bm25-warm \\| demo \\| demo-tiny or a profile file, got 'fast'"):
         resolve({"PROFILE": "fast"}, ROOT)
 
     own = tmp_path / "mine.env"
@@ -121,7 +126,7 @@ def test_every_shipped_profile_validates_and_confused_is_issue_16s_configuration
     """A profile in configs/ is a command users run: each must pass the up-front checks as shipped (given a T0
     where it leaves TRAIN_DATA to the user), and PROFILE=confused must set the lever it is named for."""
     profiles = sorted(p.stem for p in (ROOT / "configs").glob("*.env"))
-    assert profiles == ["confused", "confused-bm25", "demo", "demo-tiny"]
+    assert profiles == ["confused", "confused-bm25", "confused-bm25-warm", "demo", "demo-tiny"]
     for name in profiles:
         env = {"PROFILE": name}
         if not resolve(env, ROOT).values["TRAIN_DATA"]:
@@ -135,6 +140,11 @@ def test_every_shipped_profile_validates_and_confused_is_issue_16s_configuration
     best = resolve({"PROFILE": "confused-bm25", "TRAIN_DATA": str(TINY)}, ROOT).values
     assert {k: v for k, v in best.items() if v != confused[k]} == {"T0_NEGATIVES": "bm25",
                                                                   "OUT_DIR": "runs/confused-bm25"}
+    # the best measured configuration: the same, started from plain BM25-negative fine-tuning on T0 (lever 4), every
+    # training at T0's steps (the study's equal budget)
+    warm = resolve({"PROFILE": "confused-bm25-warm", "TRAIN_DATA": str(TINY)}, ROOT).values
+    assert {k: v for k, v in warm.items() if v != best[k]} == {"WARM_START": "1", "ITER_STEPS": "t0",
+                                                              "OUT_DIR": "runs/confused-bm25-warm"}
 
 
 def test_a_rerun_with_result_changing_settings_is_refused_naming_each(tmp_path):
