@@ -143,7 +143,7 @@ def test_every_shipped_profile_validates_and_confused_is_issue_16s_configuration
     # the best measured configuration: the same, started from plain BM25-negative fine-tuning on T0 (lever 4), every
     # training at T0's steps (the study's equal budget)
     warm = resolve({"PROFILE": "confused-bm25-warm", "TRAIN_DATA": str(TINY)}, ROOT).values
-    assert {k: v for k, v in warm.items() if v != best[k]} == {"WARM_START": "1", "ITER_STEPS": "t0",
+    assert {k: v for k, v in warm.items() if v != best[k]} == {"WARM_START": "1", "ITER_STEPS": "t0", "MINI_BATCH": "64",
                                                               "OUT_DIR": "runs/confused-bm25-warm"}
 
 
