@@ -117,9 +117,10 @@ eval_step() {  # eval_step NAME OUT_JSON [--adapter DIR]
 # ------------------------------------------------------------------------------------------ training (one command)
 FT=(); [[ "$FULL_FINETUNE" == 1 ]] && FT=(--full_finetune)
 LAUNCH=("$PYTHON"); [[ "$NPROC" -gt 1 ]] && LAUNCH=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC")
-# ITER_STEPS=t0: every training takes the steps plain fine-tuning on T0 takes (EPOCHS x ceil(|T0| / GLOBAL_BATCH));
-# the trainer then stops at --max_steps whatever the triplets add (issue 16's equal-steps budget)
-STEPS_FLAG=(); [[ "$ITER_STEPS" == t0 ]] && STEPS_FLAG=(--max_steps $((EPOCHS * ((T0_SIZE + GLOBAL_BATCH - 1) / GLOBAL_BATCH))))
+# ITER_STEPS=t0: every training takes the steps plain fine-tuning on T0 takes (T0_STEPS, computed with the settings:
+# EPOCHS x ceil(|T0| / GLOBAL_BATCH)); the trainer then stops at --max_steps whatever the triplets add (issue 16's
+# equal-steps budget)
+STEPS_FLAG=(); [[ "$ITER_STEPS" == t0 ]] && STEPS_FLAG=(--max_steps "$T0_STEPS")
 # train_step NAME OUTPUT_DIR DATA_FLAGS...: fine-tune the current retriever (CUR_MODEL, starting from CUR_ADAPTER)
 # on DATA_FLAGS, then make the result the current retriever (full fine-tuning: a model folder; LoRA: an adapter).
 # Any earlier attempt (with or without a checkpoint: --save_steps 0 writes none) is resumed; without a checkpoint

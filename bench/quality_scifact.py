@@ -64,6 +64,7 @@ from repair.driver_steps import step_outputs, write_outputs
 from repair.encoding import link_cache
 from repair.tables import markdown_table
 from repair.train import training_finished
+from repair.train_config import epoch_steps
 
 PY = sys.executable
 DEV_IDS = ROOT / "data" / "scifact_split" / "dev_ids.txt"
@@ -191,7 +192,7 @@ class Study:
         elif self.dev:
             self.scifact = self.make_dev_folder(Path(args.dev_ids))
         if args.steps is None:  # 2 epochs of T0 at batch 32: 42 steps on the 647 T0 claims (52 on all 809)
-            args.steps = 2 * math.ceil(len(load_seed(self.scifact, split="train")) / 32)
+            args.steps = epoch_steps(len(load_seed(self.scifact, split="train")), 32, epochs=2)
         self.biosses = str(Path(args.biosses).resolve())
         # what a row is chosen on: dev claims under the dev protocol, else (issue 9) the test claims
         self.select_split = "dev" if self.dev else "test"

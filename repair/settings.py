@@ -28,7 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .data import write_json
 from .settings_table import SETTINGS, Setting
-from .train_config import CAUSALNEG_QEM_LAMBDA, TrainConfig
+from .train_config import CAUSALNEG_QEM_LAMBDA, TrainConfig, epoch_steps
 
 RECORD_FILE = "settings.json"
 PROFILE_DIR = "configs"
@@ -441,7 +441,9 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             sys.stderr.write(problem + "\n")
         return 2
-    sys.stdout.write(shell_assignments(resolved) + f"T0_SIZE={t0_size}\n")
+    # ITER_STEPS=t0's budget: the steps EPOCHS passes over T0 alone take (the trainer's own count, epoch_steps)
+    t0_steps = epoch_steps(t0_size, int(resolved.values["GLOBAL_BATCH"]), int(resolved.values["EPOCHS"]))
+    sys.stdout.write(shell_assignments(resolved) + f"T0_SIZE={t0_size}\nT0_STEPS={t0_steps}\n")
     return 0
 
 

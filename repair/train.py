@@ -33,7 +33,7 @@ from .gradcache import allreduce_gradients, contrastive_step
 from .losses import contrastive_objective
 from .models import ENCODER_MODEL_TYPES, ModelSpec
 from .runtime import dist_info, pick_device, set_seed
-from .train_config import RESUME_KEYS, TrainConfig
+from .train_config import RESUME_KEYS, TrainConfig, epoch_steps
 from .train_data import TrainingData, build_layout, epoch_order, load_training_data, stats_table
 
 logger = logging.getLogger(__name__)
@@ -391,8 +391,8 @@ def train(cfg: TrainConfig) -> dict:
             torch.distributed.broadcast(p.data, src=0)
     lora_modules = None if cfg.full_finetune else sorted(retriever.model.peft_config["default"].target_modules)
     optimizer = build_optimizer(named, cfg)
-    steps_per_epoch = math.ceil(len(data) / cfg.global_batch_size)
-    total_steps = cfg.max_steps if cfg.max_steps > 0 else cfg.epochs * steps_per_epoch
+    steps_per_epoch = epoch_steps(len(data), cfg.global_batch_size)
+    total_steps = cfg.max_steps if cfg.max_steps > 0 else epoch_steps(len(data), cfg.global_batch_size, cfg.epochs)
     warmup = cfg.warmup_steps if cfg.warmup_steps >= 0 else math.ceil(cfg.warmup_ratio * total_steps)
     scheduler = linear_schedule(optimizer, warmup, total_steps)
     settings = run_settings(cfg, spec, retriever, data, world, total_steps, warmup, lora_modules)

@@ -7,6 +7,7 @@ two cannot drift apart (they did: QEM's lambda was 0 in one and 0.1 in the other
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .models import DEFAULT_MODEL
@@ -20,6 +21,13 @@ RESUME_KEYS = ("model", "init_adapter", "train_data", "split", "all_positives", 
                "max_examples", "global_batch_size", "epochs", "max_steps", "seed", "full_finetune", "lora_r",
                "lora_alpha", "lora_target_modules", "max_length", "instruction", "pooling")
 BASE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def epoch_steps(examples: int, global_batch_size: int, epochs: int = 1) -> int:
+    """Optimizer steps of ``epochs`` passes over ``examples`` (the last batch of an epoch may be short). One
+    definition for the trainer's schedule, the driver's ``ITER_STEPS=t0`` budget and the quality study's default
+    ``--steps``, so "2 epochs of T0" is the same number everywhere."""
+    return epochs * math.ceil(examples / global_batch_size)
 
 
 @dataclass

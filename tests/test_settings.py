@@ -5,6 +5,7 @@ silently skipping every step. Real files only (profile files, BEIR folders, run 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -237,3 +238,14 @@ def test_final_retriever_line_names_the_adapters_base(tmp_path):
     full = subprocess.run([sys.executable, str(ROOT / "eval" / "run_report.py"), "--final_retriever", str(tmp_path)],
                           capture_output=True, text=True, cwd=ROOT)
     assert full.stdout.strip() == f"final retriever: the model folder {tmp_path}"
+
+
+def test_t0_steps_is_the_trainers_count_of_epochs_over_t0():
+    """ITER_STEPS=t0's budget comes out of the settings as T0_STEPS: EPOCHS passes over T0 at GLOBAL_BATCH, the last
+    batch of each pass short (the tiny T0's 16 pairs at 5: 4 steps a pass), as the trainer counts its own epochs."""
+    env = {**os.environ, "TRAIN_DATA": str(TINY), "EPOCHS": "3", "GLOBAL_BATCH": "5"}
+    out = subprocess.run([sys.executable, "-m", "repair.settings", "resolve", "--root", str(ROOT), "--no_record"],
+                         env=env, capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    values = dict(line.split("=", 1) for line in out.stdout.splitlines())
+    assert (values["T0_SIZE"], values["T0_STEPS"]) == ("16", "12")
