@@ -121,21 +121,31 @@ LAUNCH=("$PYTHON"); [[ "$NPROC" -gt 1 ]] && LAUNCH=("$PYTHON" -m torch.distribut
 # EPOCHS x ceil(|T0| / GLOBAL_BATCH)); the trainer then stops at --max_steps whatever the triplets add (issue 16's
 # equal-steps budget)
 STEPS_FLAG=(); [[ "$ITER_STEPS" == t0 ]] && STEPS_FLAG=(--max_steps "$T0_STEPS")
-# train_step NAME OUTPUT_DIR DATA_FLAGS...: fine-tune the current retriever (CUR_MODEL, starting from CUR_ADAPTER)
-# on DATA_FLAGS, then make the result the current retriever (full fine-tuning: a model folder; LoRA: an adapter).
+# SCHEDULE=one: the trainings (warm start, iterations) are consecutive T0_STEPS slices of one schedule; slice j ends
+# at step j x T0_STEPS and goes on from the previous training's weights, optimizer, LR and step (--continue_from)
+TRAININGS=$((ITERS + WARM_START)); PREV_TRAINING=""
+# train_step NAME OUTPUT_DIR SLICE DATA_FLAGS...: fine-tune the current retriever (CUR_MODEL, starting from
+# CUR_ADAPTER; with SCHEDULE=one, slice SLICE of the schedule, continuing PREV_TRAINING) on DATA_FLAGS, then make the
+# result the current retriever (full fine-tuning: a model folder; LoRA: an adapter) and PREV_TRAINING.
 # Any earlier attempt (with or without a checkpoint: --save_steps 0 writes none) is resumed; without a checkpoint
 # the trainer restarts from step 0 and drops the killed run's log lines.
 train_step() {
-  local name=$1 out=$2; shift 2
+  local name=$1 out=$2 slice=$3; shift 3
   local resume=(); [[ -d "$out" ]] && resume=(--resume)
   local init=(); [[ -n "$CUR_ADAPTER" ]] && init=(--init_adapter "$CUR_ADAPTER")
+  local steps=("${STEPS_FLAG[@]}")
+  if [[ "$SCHEDULE" == one ]]; then
+    steps=(--max_steps "$((TRAININGS * T0_STEPS))" --last_step "$((slice * T0_STEPS))")
+    [[ -n "$PREV_TRAINING" ]] && steps+=(--continue_from "$PREV_TRAINING")
+  fi
   # shellcheck disable=SC2086
   step "$name" "" "${LAUNCH[@]}" "$HERE/training/10_train_lora.py" --model "$CUR_MODEL" "${init[@]}" "${FT[@]}" \
     "$@" --num_hard_negatives "$NUM_HARD_NEG" \
     --output_dir "$out" --epochs "$EPOCHS" --lr "$LR" --temperature "$TEMPERATURE" --global_batch_size "$GLOBAL_BATCH" \
     --mini_batch_size "$MINI_BATCH" --max_length "$MAX_LENGTH" --qem_lambda "$QEM_LAMBDA" --qem_tau "$QEM_TAU" --warmup_ratio "$WARMUP_RATIO" \
-    --seed "$SEED" "${resume[@]}" "${DEVICE_FLAG[@]}" "${STEPS_FLAG[@]}" $TRAIN_EXTRA
+    --seed "$SEED" "${resume[@]}" "${DEVICE_FLAG[@]}" "${steps[@]}" $TRAIN_EXTRA
   if [[ "$FULL_FINETUNE" == 1 ]]; then CUR_MODEL="$out"; CUR_ADAPTER=""; else CUR_ADAPTER="$out"; fi
+  PREV_TRAINING="$out"
 }
 
 CUR_MODEL="$MODEL"  # full fine-tuning replaces the model folder each iteration; LoRA keeps MODEL + an adapter
@@ -157,8 +167,11 @@ fi
 # already knows T0, so Q_conf holds what plain fine-tuning leaves confused (docs/results.md, repair_conf_bm25_from_bm25)
 mkdir -p "$OUT_DIR/iter0/eval"
 if [[ "$WARM_START" == 1 ]]; then
-  train_step iter0.10_warm_start "$OUT_DIR/iter0/adapter" "${T0_FLAGS[@]}"
+  train_step iter0.10_warm_start "$OUT_DIR/iter0/adapter" 1 "${T0_FLAGS[@]}"
 fi
+# CONTROL=1: a second chain of trainings, each the same as REPAIR's (same start, steps, schedule slice, seed) on T0's
+# data alone, evaluated beside it: the plain equal-steps control, so a run measures its own gain
+CONTROL_STATE=("$CUR_MODEL" "$CUR_ADAPTER" "$PREV_TRAINING")
 
 # ------------------------------------------------------------------------------------------ iteration 0: the starting model's eval
 AFLAG=(); [[ -n "$CUR_ADAPTER" ]] && AFLAG=(--adapter "$CUR_ADAPTER")
@@ -255,11 +268,23 @@ for ((k = 1; k <= ITERS; k++)); do
   TRIPLETS+=(--triplets "$FINAL")
 
   # ---- Training: T0 + every iteration's triplets so far, starting from the previous adapter
-  train_step "iter$k.10_train" "$ADP" "${T0_FLAGS[@]}" "${TRIPLETS[@]}"
+  train_step "iter$k.10_train" "$ADP" "$((k + WARM_START))" "${T0_FLAGS[@]}" "${TRIPLETS[@]}"
   AFLAG=(); [[ -n "$CUR_ADAPTER" ]] && AFLAG=(--adapter "$CUR_ADAPTER")
 
   # ---- Evaluation after this iteration
   eval_step "iter$k.eval" "$EV/eval.json" "${AFLAG[@]}"
+
+  # ---- CONTROL=1: the same training on T0's data alone, from the previous control (iteration 1: the same start)
+  if [[ "$CONTROL" == 1 ]]; then
+    REPAIR_STATE=("$CUR_MODEL" "$CUR_ADAPTER" "$PREV_TRAINING")
+    CUR_MODEL=${CONTROL_STATE[0]}; CUR_ADAPTER=${CONTROL_STATE[1]}; PREV_TRAINING=${CONTROL_STATE[2]}
+    train_step "iter$k.10_control" "$IT/control" "$((k + WARM_START))" "${T0_FLAGS[@]}"
+    CAFLAG=(); [[ -n "$CUR_ADAPTER" ]] && CAFLAG=(--adapter "$CUR_ADAPTER")
+    mkdir -p "$IT/eval_control"
+    eval_step "iter$k.eval_control" "$IT/eval_control/eval.json" "${CAFLAG[@]}"
+    CONTROL_STATE=("$CUR_MODEL" "$CUR_ADAPTER" "$PREV_TRAINING")
+    CUR_MODEL=${REPAIR_STATE[0]}; CUR_ADAPTER=${REPAIR_STATE[1]}; PREV_TRAINING=${REPAIR_STATE[2]}
+  fi
 done
 
 # ------------------------------------------------------------------------------------------ report

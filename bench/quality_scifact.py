@@ -23,7 +23,8 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
   repair_basegen        as repair, but the generator is the plain backbone in every iteration (GEN_ADAPTER=none;
                         the paper merges the retriever's adapter into it); iteration 1 is copied from repair_s<seed>
   bm25_conf             bm25's data + repair_conf_only's kept tuples (lever 3 on top of the strongest baseline)
-  inbatch2x / bm25x2    the 2-iteration budget (2 x --steps) for plain fine-tuning, to compare with repair iter 2
+  inbatch2x / bm25x2 / st_minedx2  the 2-iteration budget (2 x --steps) for plain fine-tuning: one schedule of twice
+                        the steps, to compare with repair iter 2 and the lever-4 rows
   inbatch_cont / bm25_cont  inbatch_s<seed> / bm25_s<seed> trained --steps more on the same data: the controls of
                         the lever-4 rows that start from those models (repair_conf_only_from_ft, repair_conf_bm25_from_bm25)
   st_reference          sentence-transformers' own trainer (MultipleNegativesRankingLoss), the calibration peer
@@ -77,6 +78,13 @@ def trained_steps(folder: Path) -> int:
     return max(steps, default=0)
 
 
+def own_steps(folder: Path) -> int:
+    """The optimizer steps a training took itself: its last step less the step it continued from (--continue_from,
+    a slice of one schedule; 0 otherwise)."""
+    start = json.loads((folder / "training_args.json").read_text()).get("continued_from_step") or 0
+    return trained_steps(folder) - start
+
+
 def carve_dev_ids(train_qrels: Path, fraction: float = DEV_FRACTION, seed: int = DEV_SEED) -> list[str]:
     """A seeded share of the train claims held out as dev (sorted ids). Seeded so the split is re-derivable, and kept
     in the repo so no later change of this function can move it."""
@@ -125,7 +133,8 @@ class Variant(NamedTuple):
     # "STEP[:ROW]": the last iteration-1 step shared with ROW_s<seed> (default repair): those steps' outputs are
     # copied instead of recomputed, since the same commands with the same seed write the same files; None = nothing
     shared: str | None = None
-    budget: str = "steps"      # "steps": --steps optimizer steps; "claims": 2 epochs of T0 + tuples (lever 4)
+    budget: str = "steps"      # "steps": --steps optimizer steps; "claims": 2 epochs of T0 + tuples (lever 4);
+                               # "driver": the driver's own ITER_STEPS=t0 budget, --steps per training (WARM_START rows)
     start: str = "offshelf"    # a baseline row ("inbatch", "bm25"): iteration 1 diagnoses and trains <row>_s<seed>'s
                                # model (lever 4), whose --steps count in the row's steps
 
@@ -158,6 +167,10 @@ VARIANTS: dict[str, Variant] = {
     "repair_qwen05": Variant({"GEN_MODEL": "qwen2.5-coder-0.5b", "GEN_ROUND": "324"}, "05:repair_qwen05_gen"),
     "repair_qwen05_gen_conf": Variant({"GEN_MODEL": "qwen2.5-coder-0.5b", "GEN_ROUND": "324", "QUERY_FORM": "generated",
                                 "CONFUSED_TUPLES": "1"}, "06:repair_qwen05_gen"),
+    # lever 2's claim rewrite with the same generator: 06's title-form tuples (repair_qwen05's, when that row ran in
+    # this folder; else the same 05 and 06 commands run here) rewritten by 06c as claims in T0's style
+    "repair_qwen05_t0": Variant({"GEN_MODEL": "qwen2.5-coder-0.5b", "GEN_ROUND": "324", "QUERY_FORM": "t0"},
+                                "06:repair_qwen05"),
     "repair_from_ft": Variant({}, None, start="inbatch"),  # lever 4: iteration 1 starts from inbatch_s<seed>
     # levers 4 and 5 on lever 3's configuration (the best on dev): the same diagnosis and tuples, reused
     "repair_conf_only_neg3": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "NUM_HARD_NEG": "3"}, "09:repair_conf_only"),
@@ -173,6 +186,11 @@ VARIANTS: dict[str, Variant] = {
     # data plus lever 3's tuples (the equal-steps control is bm25x2, 84 steps of BM25 negatives)
     "repair_conf_bm25_from_bm25": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "T0_NEGATIVES": "bm25"}, None,
                                           start="bm25"),
+    # lever 4 in one schedule (SCHEDULE=one): the driver's warm start is the first --steps of one 2 x --steps BM25
+    # schedule (bm25x2's first half, the same commands and data), iteration 1 diagnoses that model and goes on with the
+    # same optimizer and LR schedule, lever 3's tuples added; bm25x2 is its exact control (no second warmup in either)
+    "repair_conf_bm25_one": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "T0_NEGATIVES": "bm25",
+                                     "WARM_START": "1", "ITER_STEPS": "t0", "SCHEDULE": "one"}, None, budget="driver"),
     # Eq. 6 with kappa = TOP_K: keep the diagnosed claims whose gold positive ranks low in its own pool (the most
     # confused ones, which kappa 5 drops although their positive is gold, not generated)
     "repair_conf_only_k15": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),
@@ -342,9 +360,9 @@ class Study:
         return self._train_and_eval(f"{tag}_s{seed}", ["--triplets", self.bm25_triplets(), "--num_hard_negatives", "1"],
                                     steps or self.args.steps, seed)
 
-    def st_mined(self, seed: int) -> dict:
-        return self._train_and_eval(f"st_mined_s{seed}", ["--triplets", self.st_mined_triplets(),
-                                                          "--num_hard_negatives", "1"], self.args.steps, seed)
+    def st_mined(self, seed: int, steps: int | None = None, tag: str = "st_mined") -> dict:
+        return self._train_and_eval(f"{tag}_s{seed}", ["--triplets", self.st_mined_triplets(),
+                                                       "--num_hard_negatives", "1"], steps or self.args.steps, seed)
 
     def bm25_conf(self, seed: int) -> dict:
         """The strongest plain baseline and lever 3 together: T0 with its BM25 negative (the bm25 row's data) plus
@@ -396,6 +414,9 @@ class Study:
     def bm25x2(self, seed: int) -> dict:
         return self.bm25(seed, 2 * self.args.steps, "bm25x2")
 
+    def st_minedx2(self, seed: int) -> dict:
+        return self.st_mined(seed, 2 * self.args.steps, "st_minedx2")
+
     def _driver(self, name: str, seed: int, extra: dict) -> dict:
         a = self.args
         run_dir = self.out / "repair" / name
@@ -409,7 +430,8 @@ class Study:
                "MAX_ROUNDS": str(a.max_rounds), "PYTHON": PY,
                "TRAIN_EXTRA": f"--max_steps {a.steps} --epochs 100 --warmup_ratio 0.1 --weight_decay 0.01 "
                               f"--save_steps 0 --no_progress", **extra}
-        self.reuse_eval("offshelf", run_dir)
+        if extra.get("WARM_START") != "1":  # with a warm start, iteration 0 evaluates the warm-started model
+            self.reuse_eval("offshelf", run_dir)
         self.share_embeddings(run_dir)
         seconds = run(["bash", ROOT / "run_repair.sh"], self.out / "logs" / f"driver_{name}.log", env=env)
         # and back: the final model's corpus vectors, so its --test evaluation encodes only the test claims
@@ -427,8 +449,10 @@ class Study:
         if self.dev and a.test:  # the final model on the test claims (final rows only)
             final = run_dir / f"iter{report['iterations'][-1]['iter']}" / "adapter"
             result.update({k: v for k, v in self.evaluate(name, str(final), "test").items() if k != "biosses"})
-        adapters = [run_dir / f"iter{it['iter']}" / "adapter" for it in report["iterations"] if it["iter"] > 0]
-        return {**result, "iterations": per_iter, "steps": sum(trained_steps(folder) for folder in adapters),
+        # every training of the run (a warm start's too), each counted from where it started (SCHEDULE=one slices)
+        adapters = [run_dir / f"iter{it['iter']}" / "adapter" for it in report["iterations"]
+                    if (run_dir / f"iter{it['iter']}" / "adapter").is_dir()]
+        return {**result, "iterations": per_iter, "steps": sum(own_steps(folder) for folder in adapters),
                 "seconds": round(seconds), "run_dir": str(run_dir)}
 
     def reuse_eval(self, evaluated: str, run_dir: Path) -> None:
@@ -509,6 +533,13 @@ class Study:
                           "OPENAI_EXTRA": '{"repeat_penalty": 1.2}'})
         if variant.budget == "claims":  # the budget counted in claims: 2 epochs of T0 + tuples, no step cap
             extra["TRAIN_EXTRA"] = "--epochs 2 --warmup_ratio 0.1 --weight_decay 0.01 --save_steps 0 --no_progress"
+        elif variant.budget == "driver":  # ITER_STEPS=t0: each training EPOCHS x ceil(|T0| / 32) steps = --steps
+            per_epoch = epoch_steps(len(load_seed(self.scifact, split="train")), 32)
+            if self.args.steps % per_epoch:
+                raise SystemExit(f"{row}: --steps {self.args.steps} is not a whole number of T0 epochs "
+                                 f"({per_epoch} steps each), which ITER_STEPS=t0 counts in")
+            extra["EPOCHS"] = str(self.args.steps // per_epoch)
+            extra["TRAIN_EXTRA"] = "--warmup_ratio 0.1 --weight_decay 0.01 --save_steps 0 --no_progress"
         if variant.start != "offshelf":  # iteration 1 diagnoses and trains a plain fine-tuned model (lever 4)
             start = self.out / "train" / f"{variant.start}_s{seed}"
             if not training_finished(start):
@@ -543,7 +574,7 @@ class Study:
 
 
 BASELINE_ROWS = ("offshelf", "inbatch", "bm25", "st_mined", "inbatch2x", "inbatch_cont", "bm25x2", "bm25_cont",
-                 "st_reference")
+                 "st_minedx2", "st_reference")
 
 
 def row_name(stem: str) -> str:
@@ -662,6 +693,80 @@ def merged_rows(out: Path, recorded: Path | None) -> dict[str, dict[int, dict]]:
     return merged
 
 
+# issue 16's bar: a REPAIR row's three-seed mean test nDCG@10 at least this far above the best baseline at equal steps
+WIN_MARGIN = 0.01
+
+
+def _steps_of(by_seed: dict[int, dict]) -> set:
+    return {r.get("steps") for r in by_seed.values()} - {None}
+
+
+def per_query_test(eval_dir: Path, candidate: str, baseline: str, seeds: list[int]) -> str:
+    """Query by query on the test claims, for the seeds both rows have an evaluation file with per-query nDCG@10 for
+    (rows evaluated in this folder since 2026-12-02): each claim's difference averaged over those seeds, how many
+    claims the candidate ranks better / worse, and the paired randomization test's two-sided p of the mean."""
+    from repair.metrics import paired_randomization_p
+
+    def per_query(key: str) -> dict[str, float] | None:
+        path = eval_dir / f"{key}.test.json"
+        if not path.exists():
+            return None
+        results = {r["dataset"]: r for r in json.loads(path.read_text())["results"]}
+        return (results.get("scifact", {}).get("per_query") or {}).get("ndcg@10")
+
+    pairs = [(s, c, b) for s in seeds if (c := per_query(f"{candidate}_s{s}")) and (b := per_query(f"{baseline}_s{s}"))]
+    if not pairs:
+        return "–"
+    queries = sorted(pairs[0][1])
+    diffs = [statistics.mean(c[q] - b[q] for _, c, b in pairs) for q in queries]
+    better, worse = sum(d > 1e-12 for d in diffs), sum(d < -1e-12 for d in diffs)
+    return (f"s{','.join(str(s) for s, _, _ in pairs)}: {better} better / {worse} worse of {len(queries)}, "
+            f"p {paired_randomization_p(diffs):.3f}")
+
+
+def paired_comparison(rows: dict[str, dict[int, dict]], candidate: str, baselines: list[str],
+                      margin: float = WIN_MARGIN, eval_dir: Path | None = None) -> str:
+    """``candidate`` against each baseline row, from the row files: the difference of the means on dev and test, the
+    per-seed paired test differences (seeds both rows have) and whether the test-mean difference clears ``margin``.
+    A baseline trained for other steps than the candidate is shown but marked, since rows compare only at equal
+    steps; a row missing a split shows '–'. Why paired: the rows of one seed share the data order of their common
+    parts, so a per-seed difference shows whether a gain holds for every seed or rests on one. With ``eval_dir`` (the
+    study folder's eval/), also the per-claim comparison of :func:`per_query_test`."""
+    missing = [name for name in [candidate, *baselines] if name not in rows]
+    if missing:
+        raise SystemExit(f"--compare: no row named {', '.join(missing)} (rows: {', '.join(sorted(rows))})")
+    cand = rows[candidate]
+    cand_steps = _steps_of(cand)
+
+    def mean(by_seed: dict[int, dict], key: str) -> float | None:
+        values = [v for r in by_seed.values() if (v := _metric(r, key)) is not None]
+        return statistics.mean(values) if values else None
+
+    def diff(a: float | None, b: float | None) -> str:
+        return "–" if a is None or b is None else f"{a - b:+.4f}"
+
+    table = []
+    for name in baselines:
+        base = rows[name]
+        equal = _steps_of(base) == cand_steps
+        paired = [f"s{seed} {c - b:+.4f}" for seed in sorted(set(cand) & set(base))
+                  if (c := _metric(cand[seed], "test_ndcg10")) is not None
+                  and (b := _metric(base[seed], "test_ndcg10")) is not None]
+        c_test, b_test = mean(cand, "test_ndcg10"), mean(base, "test_ndcg10")
+        verdict = ("–" if c_test is None or b_test is None
+                   else ("yes" if c_test - b_test >= margin else "no") + ("" if equal else " (other steps)"))
+        table.append([name, ", ".join(map(str, sorted(base))), "/".join(map(str, sorted(_steps_of(base)))),
+                      _stat([v for r in base.values() if (v := _metric(r, "test_ndcg10")) is not None]),
+                      diff(mean(cand, "dev_ndcg10"), mean(base, "dev_ndcg10")), diff(c_test, b_test),
+                      ", ".join(paired) or "–", verdict,
+                      per_query_test(eval_dir, candidate, name, sorted(set(cand) & set(base))) if eval_dir else "–"])
+    head = (f"{candidate}: seeds {', '.join(map(str, sorted(cand)))}, steps {'/'.join(map(str, sorted(cand_steps)))}, "
+            f"test nDCG@10 {_stat([v for r in cand.values() if (v := _metric(r, 'test_ndcg10')) is not None])}")
+    return head + "\n\n" + markdown_table(
+        ["baseline", "seeds", "steps", "test nDCG@10", "dev: mean diff", "test: mean diff", "test: paired per seed",
+         f"test mean diff >= {margin}", "test: per claim (paired randomization)"], table)
+
+
 def export(rows: dict[str, dict[int, dict]], path: Path) -> list[dict]:
     """``docs/results/scifact_minilm.json``: one object per row, every number read from the row files (or, for rows
     kept by ``--merge``, from the export that read them)."""
@@ -720,7 +825,7 @@ def plot_dev(rows: dict[str, dict[int, dict]], path: Path) -> None:
                                     f"{'/'.join(map(str, steps[n])) or '?'} steps)" for n, v in dev])
     lo = min(min(v) for _, v in dev)
     ax.set_xlim(lo - 0.02, max(max(v) for _, v in dev) + 0.01)
-    ax.set_xlabel("dev nDCG@10 (162 held-out SciFact train claims; dot = seed, bar = mean)", fontsize=9)
+    ax.set_xlabel("dev nDCG@10 (162 held-out train claims;\ndot = seed, bar = mean)", fontsize=9)
     ax.set_title("SciFact, all-MiniLM-L6-v2: plain baselines (grey) vs REPAIR (blue),\n"
                  "grouped by optimizer steps (compare within a group)", fontsize=9)
     fig.tight_layout()
@@ -794,12 +899,21 @@ def main() -> None:
     p.add_argument("--export", default=None, metavar="JSON",
                    help="write the machine-readable results (one object per row) here and exit")
     p.add_argument("--plot", default=None, metavar="PNG", help="with --export/--summarize: plot dev nDCG@10 per row")
+    p.add_argument("--compare", nargs="+", default=None, metavar="ROW",
+                   help="print the first ROW against each following ROW (with --merge: recorded rows too): mean and "
+                        "per-seed paired differences, and whether the test mean clears issue 16's +0.01, then exit")
     p.add_argument("--merge", default=None, metavar="JSON",
                    help="with --export/--summarize: also every (row, seed) an earlier export recorded that --out lacks "
                         "(a run folder lost with its machine); a (row, seed) in both keeps the recorded result and "
                         "prints the rerun beside it; a row trained for other --steps than the recorded one is kept as <row>@<steps>")
     args = p.parse_args()
     out = Path(args.out)
+    if args.compare:
+        if len(args.compare) < 2:
+            raise SystemExit("--compare: give the candidate row and at least one baseline row")
+        rows = merged_rows(out, Path(args.merge) if args.merge else None)
+        print(paired_comparison(rows, args.compare[0], args.compare[1:], eval_dir=out / "eval"))
+        return
     if args.summarize or args.export:
         rows = merged_rows(out, Path(args.merge) if args.merge else None)
         if args.export:

@@ -73,7 +73,7 @@ def main(argv=None) -> dict:
         row = {**row, "model": model["model"], "adapter": model["adapter"], "scale": "fraction"}
         if args.percent:
             row = scale_metrics(row)
-        print(json.dumps(row), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k != "per_query"}), flush=True)  # per query: in --output
         report["results"].append(row)
         key = spec.name if spec.name not in report["summary"] else f"{spec.name}#{len(report['results'])}"
         report["summary"][key] = {row["headline"]: row[row["headline"]]}

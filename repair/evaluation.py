@@ -32,7 +32,7 @@ import torch
 from .benchmarks import DatasetSpec, check_dataset, dataset_instruction, sts_pairs_file
 from .data import BeirData, DataError, iter_jsonl, load_beir, open_text
 from .encoding import Retriever
-from .metrics import evaluate_run, run_from_topk, spearman
+from .metrics import evaluate_run, per_query_ndcg, run_from_topk, spearman
 from .search import exact_topk
 from .tables import text_table
 
@@ -170,10 +170,14 @@ def evaluate_beir(retriever: Retriever, data: BeirData, instruction: str, *, top
     metrics = evaluate_run(data.qrels, run, ndcg_at=ndcg_at, map_at=map_at, recall_at=recall_at,
                            mrr_at=mrr_at, precision_at=precision_at, ndcg_full=ndcg_full, map_full=map_full,
                            relevance_level=relevance_level)
+    # the first nDCG cut per query (fractions, whatever --percent says): what a paired comparison of two models reads
+    per_query = {f"ndcg@{k}": per_query_ndcg(data.qrels, run, k) for k in list(ndcg_at)[:1]}
     t3 = time.time()
     metrics.update({"num_queries": len(query_ids), "num_docs": len(doc_ids),
                     "seconds_corpus": round(t1 - t0, 2), "seconds_queries": round(t2 - t1, 2),
                     "seconds_search_eval": round(t3 - t2, 2)})
+    if per_query:
+        metrics["per_query"] = per_query
     return metrics
 
 

@@ -99,7 +99,7 @@ def main(argv=None, task: str | None = None, description: str | None = None) -> 
     result = {**row, **model_fields(retriever), "scale": "fraction"}
     if args.percent:
         result = scale_metrics(result)
-    print(json.dumps(result), flush=True)
+    print(json.dumps({k: v for k, v in result.items() if k != "per_query"}), flush=True)  # per query: in --output
     if args.output:
         write_json(args.output, result)
     return result

@@ -3,7 +3,7 @@ implementation BEIR and BMRetriever report with, so our numbers are comparable t
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -94,6 +94,32 @@ def evaluate_run(qrels: Qrels, run: Run, ndcg_at: Iterable[int] = (10,), map_at:
                                             relevance_level=relevance_level).evaluate(_truncate(full, k))
         out[f"mrr@{k}"] = float(sum(rr.get(q, {}).get("recip_rank", 0.0) for q in qrels) / n)
     return out
+
+
+def per_query_ndcg(qrels: Qrels, run: Run, k: int = 10) -> dict[str, float]:
+    """nDCG@k of every query of ``qrels`` (0 for a query missing from ``run``), as :func:`evaluate_run` averages
+    them. Kept in an evaluation's output so two models can be compared query by query (a paired test: which queries
+    one model ranks better, and whether the mean difference is more than the luck of which queries were drawn)."""
+    import pytrec_eval
+
+    qrels = {q: {d: int(s) for d, s in rels.items()} for q, rels in qrels.items()}
+    scored = pytrec_eval.RelevanceEvaluator(qrels, {f"ndcg_cut.{k}"}).evaluate(
+        {q: dict(run.get(q, {})) for q in qrels})
+    return {q: float(scored.get(q, {}).get(f"ndcg_cut_{k}", 0.0)) for q in qrels}
+
+
+def paired_randomization_p(differences: Sequence[float], draws: int = 10000, seed: int = 0) -> float:
+    """Two-sided p-value of a mean per-query difference between two systems (Fisher's paired randomization test, as
+    IR evaluations use it, e.g. Smucker et al., CIKM 2007): under "no difference" each query's difference is as
+    likely negated, so the share of ``draws`` random sign flips whose mean is at least as far from 0 as the observed
+    one estimates p; (count + 1) / (draws + 1) keeps it above 0. Seeded: the same inputs give the same p."""
+    d = np.asarray(differences, dtype=np.float64)
+    if d.size == 0:
+        raise ValueError("paired_randomization_p: no differences")
+    observed = abs(d.mean())
+    signs = np.random.default_rng(seed).choice((-1.0, 1.0), size=(draws, d.size))
+    extreme = int((np.abs((signs * d).mean(axis=1)) >= observed - 1e-12).sum())
+    return (extreme + 1) / (draws + 1)
 
 
 def spearman(gold: Iterable[float], predicted: Iterable[float]) -> float:

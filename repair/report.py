@@ -31,7 +31,7 @@ class ReportError(RuntimeError):
     """The report cannot be written as asked (it would lose numbers, or PCT disagrees with the run)."""
 
 STAGES = {"diagnosis": ("01_", "02_", "03_", "04_"), "expansion": ("05_", "06_"),
-          "differentiation": ("07_", "08_", "09_", "09b_counterfactual"), "training": ("10_train", "10_warm_start"),
+          "differentiation": ("07_", "08_", "09_", "09b_counterfactual"), "training": ("10_train", "10_warm_start", "10_control"),
           "eval": ("eval",)}
 
 
@@ -89,6 +89,9 @@ def collect(run_dir: str | Path, pct: int = 30) -> dict:
     for k in _iter_dirs(run_dir):
         it = run_dir / f"iter{k}"
         row: dict[str, Any] = {"iter": k, "eval": _headlines(_maybe_json(it / "eval" / "eval.json"))}
+        control = _headlines(_maybe_json(it / "eval_control" / "eval.json"))
+        if control:  # CONTROL=1: the same training on T0's data alone
+            row["control_eval"] = control
         if k > 0:
             meta = _maybe_json(it / "diagnosis" / "01.train_diagnosis_meta.cos_percentile.json") or {}
             row["t0"] = (meta.get("t0") or {}).get("rows")
@@ -133,14 +136,23 @@ def metrics_table(summary: dict) -> str:
     if not names:
         return "(no evaluation results)"
     base = summary["iterations"][0]["eval"] if summary["iterations"] else {}
+
+    def cells(values: dict[str, float], first: bool = False) -> list[str]:
+        out = []
+        for n in names:
+            v = values.get(n)
+            out.append(_fmt(v) + ("" if v is None or n not in base or first else f" ({v - base[n]:+.4f})"))
+        return out
+
     rows = []
     for it in summary["iterations"]:
-        cells = []
-        for n in names:
-            v = it["eval"].get(n)
-            delta = "" if v is None or n not in base or it["iter"] == 0 else f" ({v - base[n]:+.4f})"
-            cells.append(_fmt(v) + delta)
-        rows.append(["0 (before)" if it["iter"] == 0 else str(it["iter"]), *cells])
+        rows.append(["0 (before)" if it["iter"] == 0 else str(it["iter"]), *cells(it["eval"], it["iter"] == 0)])
+        control = it.get("control_eval")
+        if control:  # the plain equal-steps control (CONTROL=1) and REPAIR's gain over it
+            rows.append([f"{it['iter']}: plain control, same steps", *cells(control)])
+            rows.append([f"{it['iter']}: REPAIR - control",
+                         *(f"{it['eval'][n] - control[n]:+.4f}" if n in it["eval"] and n in control else "–"
+                           for n in names)])
     return markdown_table(["iteration", *names], rows)
 
 
@@ -282,7 +294,8 @@ def write_report(run_dir: str | Path, pct: int = 30, overwrite: bool = False) ->
     images = plot(run_dir, summary)
     parts = [f"# REPAIR run report: `{run_dir}`", "",
              "## Evaluation (headline metric per dataset; iteration 0 = the starting retriever; "
-             "in brackets: change from iteration 0)", "", metrics_table(summary), "",
+             "in brackets: change from iteration 0; with CONTROL=1 each iteration also shows its plain control, "
+             "the same training on T0's data alone, and REPAIR's difference from it)", "", metrics_table(summary), "",
              "## What each iteration produced", "", counts_table(summary), "",
              "generated = queries the generator wrote; accepted = those that survived cleaning; verified = "
              "tuples the literature source confirmed (top hit title = q_new, its abstract = d+); kept = tuples "

@@ -289,6 +289,11 @@ def validate(resolved: Resolved, environ: Mapping[str, str]) -> list[str]:
     if v["ITER_STEPS"] == "t0" and any(flag.split("=")[0] == "--max_steps" for flag in v["TRAIN_EXTRA"].split()):
         bad("ITER_STEPS", "ITER_STEPS=t0 sets each training's --max_steps; TRAIN_EXTRA gives one too "
                           f"({v['TRAIN_EXTRA']!r}): keep one of them")
+    if v["CONTROL"] == "1" and v["ITER_STEPS"] != "t0":
+        bad("CONTROL", "CONTROL=1 trains the control for the steps REPAIR's training takes: it needs ITER_STEPS=t0 "
+                       "(with ITER_STEPS=epochs the tuples add steps the control would not have)")
+    if v["SCHEDULE"] == "one" and v["ITER_STEPS"] != "t0":
+        bad("SCHEDULE", "SCHEDULE=one splits one schedule into equal slices of T0_STEPS: it needs ITER_STEPS=t0")
     return problems
 
 

@@ -157,6 +157,16 @@ SETTINGS: tuple[Setting, ...] = (
        "GLOBAL_BATCH) optimizer steps, what plain fine-tuning on T0 takes, whatever the triplets add (issue 16's "
        "equal-steps budget: REPAIR's tuples take batch slots instead of adding steps)", "choice",
        choices=("epochs", "t0")),
+    _s("SCHEDULE", "Training", "restart",
+       "restart = each training (the warm start, each iteration) runs its own LR schedule from warmup, with a fresh "
+       "optimizer; one = they are consecutive slices of one schedule of (WARM_START + ITERS) x T0_STEPS steps: each "
+       "goes on from the previous one's weights, AdamW moments, LR and step (training/10_train_lora.py --last_step "
+       "/ --continue_from), so REPAIR's data changes mid-schedule and the plain run of that many steps is its exact "
+       "control (issue 16's lever 4; needs ITER_STEPS=t0)", "choice", choices=("restart", "one")),
+    _s("CONTROL", "Training", "0",
+       "1 = also train each iteration's plain equal-steps control: the same training (start, steps, schedule slice, "
+       "seed) on T0's data alone (T0_NEGATIVES'), into iter<k>/control, evaluated into iter<k>/eval_control; the "
+       "report puts REPAIR beside it, so a run measures its own gain (needs ITER_STEPS=t0)", "flag"),
     _s("FULL_FINETUNE", "Training", "0", "1 = train every weight (no LoRA)", "flag"),
     _s("TRAIN_EXTRA", "Training", "", "extra flags passed to training/10_train_lora.py"),
 )

@@ -33,7 +33,7 @@ from .gradcache import allreduce_gradients, contrastive_step
 from .losses import contrastive_objective
 from .models import ENCODER_MODEL_TYPES, ModelSpec
 from .runtime import dist_info, pick_device, set_seed
-from .train_config import RESUME_KEYS, TrainConfig, epoch_steps
+from .train_config import CONTINUE_KEYS, RESUME_KEYS, TrainConfig, epoch_steps
 from .train_data import TrainingData, build_layout, epoch_order, load_training_data, stats_table
 
 logger = logging.getLogger(__name__)
@@ -214,12 +214,36 @@ def save_checkpoint(output_dir: Path, step: int, retriever: Retriever, optimizer
 
 def load_checkpoint(ckpt: Path, retriever: Retriever, optimizer, scheduler, cfg: TrainConfig, rank: int) -> int:
     """Restore weights, optimizer, scheduler and this rank's RNG; return the step to continue from."""
-    state = read_json(ckpt / "state.json")
-    saved = state.get("settings", {})
+    saved = read_json(ckpt / "state.json").get("settings", {})
     changed = {k: (saved.get(k), getattr(cfg, k)) for k in RESUME_KEYS if k in saved and saved[k] != getattr(cfg, k)}
     if changed:
         detail = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in changed.items())
         raise ValueError(f"{ckpt}: cannot resume with different settings ({detail}); use a new --output_dir")
+    return _restore_state(ckpt, retriever, optimizer, scheduler, cfg, rank)
+
+
+def continue_schedule(source: Path, settings: dict, retriever: Retriever, optimizer, scheduler, cfg: TrainConfig,
+                      rank: int) -> int:
+    """--continue_from: start where another run of the same schedule ended (its last checkpoint: weights, AdamW
+    moments, LR schedule, RNG, step), with this run's data. Why: a plain run trained for 2N steps and a run that stops
+    at step N, is diagnosed, and goes on with REPAIR's tuples added then share their first N steps exactly, so the
+    plain run is the exact control and no learning-rate warmup is repeated (a second schedule restarts the warmup
+    and the optimizer). The other run's settings must agree on :data:`CONTINUE_KEYS`; its data may differ."""
+    ckpts = list_checkpoints(source)
+    if not training_finished(source) or not ckpts:
+        raise ValueError(f"--continue_from {source}: not a finished training run with a checkpoint (train it with "
+                         f"--last_step, or to its end, first)")
+    theirs = read_json(source / ARGS_FILE)
+    changed = {k: (theirs.get(k), settings.get(k)) for k in CONTINUE_KEYS if theirs.get(k) != settings.get(k)}
+    if changed:
+        detail = "; ".join(f"{k}: {source} has {a!r}, this run {b!r}" for k, (a, b) in changed.items())
+        raise ValueError(f"--continue_from: the schedules differ ({detail}); a continued run needs the same "
+                         f"--max_steps, batch, learning rate, warmup, seed and model shape")
+    return _restore_state(ckpts[-1], retriever, optimizer, scheduler, cfg, rank)
+
+
+def _restore_state(ckpt: Path, retriever: Retriever, optimizer, scheduler, cfg: TrainConfig, rank: int) -> int:
+    state = read_json(ckpt / "state.json")
     weights = load_torch_file(ckpt / "trainable.pt")
     params = dict(trainable_parameters(retriever.model))
     if set(weights) != set(params):
@@ -395,27 +419,41 @@ def train(cfg: TrainConfig) -> dict:
     total_steps = cfg.max_steps if cfg.max_steps > 0 else epoch_steps(len(data), cfg.global_batch_size, cfg.epochs)
     warmup = cfg.warmup_steps if cfg.warmup_steps >= 0 else math.ceil(cfg.warmup_ratio * total_steps)
     scheduler = linear_schedule(optimizer, warmup, total_steps)
+    end_step = total_steps if cfg.last_step < 0 else cfg.last_step
+    if end_step > total_steps:
+        raise ValueError(f"--last_step {cfg.last_step} is past the end of the schedule ({total_steps} steps)")
     settings = run_settings(cfg, spec, retriever, data, world, total_steps, warmup, lora_modules)
+    settings["end_step"] = end_step
 
     step = 0
     ckpts = list_checkpoints(output_dir) if cfg.resume else []
     if ckpts:
         step = load_checkpoint(ckpts[-1], retriever, optimizer, scheduler, cfg, rank)
-        logger.info("resumed from %s (step %d of %d)", ckpts[-1], step, total_steps)
+        logger.info("resumed from %s (step %d of %d)", ckpts[-1], step, end_step)
+    elif cfg.continue_from:
+        step = continue_schedule(Path(cfg.continue_from), settings, retriever, optimizer, scheduler, cfg, rank)
+        if step >= end_step:
+            raise ValueError(f"--continue_from {cfg.continue_from} ended at step {step}: nothing left before step "
+                             f"{end_step} (raise --last_step or --max_steps)")
+        logger.info("continuing %s's schedule from step %d to step %d of %d on this run's data",
+                    cfg.continue_from, step, end_step, total_steps)
     elif cfg.resume:
         logger.info("--resume: no checkpoint in %s, starting from step 0", output_dir)
+    if cfg.continue_from:  # where this run's own steps begin (also after a resume of it)
+        source_ckpts = list_checkpoints(cfg.continue_from)
+        settings["continued_from_step"] = read_json(source_ckpts[-1] / "state.json")["step"] if source_ckpts else None
     step_log = StepLog(output_dir, cfg, step) if rank == 0 else None
     if rank == 0:
         write_json(output_dir / ARGS_FILE, settings)
     autocast = torch.bfloat16 if device.type == "cuda" else None
-    bar = tqdm(total=total_steps, initial=step, desc="train", unit="step",
+    bar = tqdm(total=end_step, initial=step, desc="train", unit="step",
                disable=rank != 0 or not cfg.show_progress, mininterval=1.0)
     stopped_early = False
     steps_this_run = 0
     last: dict = {}
     order, order_epoch = None, -1
     try:
-        while step < total_steps:
+        while step < end_step:
             epoch, b = divmod(step, steps_per_epoch)
             if epoch != order_epoch:
                 order, order_epoch = epoch_order(len(data), cfg.seed, epoch), epoch
@@ -426,11 +464,11 @@ def train(cfg: TrainConfig) -> dict:
             steps_this_run += 1
             last = {"step": step, "epoch": epoch + (b + 1) / steps_per_epoch, **last}
             if step_log is not None:
-                step_log.write(last, total_steps)
+                step_log.write(last, end_step)
                 bar.update(1)
                 bar.set_postfix(loss=f"{last['loss']:.4f}", lr=f"{last['lr']:.2e}")
-            stop_now = cfg.stop_after_steps is not None and steps_this_run >= cfg.stop_after_steps and step < total_steps
-            if (cfg.save_steps > 0 and step % cfg.save_steps == 0 and step < total_steps) or stop_now:
+            stop_now = cfg.stop_after_steps is not None and steps_this_run >= cfg.stop_after_steps and step < end_step
+            if (cfg.save_steps > 0 and step % cfg.save_steps == 0 and step < end_step) or stop_now:
                 save_checkpoint(output_dir, step, retriever, optimizer, scheduler, cfg, rank, world)
             if stop_now:
                 stopped_early = True

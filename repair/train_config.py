@@ -19,7 +19,14 @@ CAUSALNEG_QEM_LAMBDA = 0.1
 # settings that fix the data order and the schedule: a resumed run must use the same ones
 RESUME_KEYS = ("model", "init_adapter", "train_data", "split", "all_positives", "triplets", "num_hard_negatives",
                "max_examples", "global_batch_size", "epochs", "max_steps", "seed", "full_finetune", "lora_r",
-               "lora_alpha", "lora_target_modules", "max_length", "instruction", "pooling")
+               "lora_alpha", "lora_target_modules", "max_length", "instruction", "pooling", "last_step",
+               "continue_from")
+# settings a run that continues another run's schedule (--continue_from) must share with it: the schedule, the
+# optimizer and the model's shape. The data may differ (that is the point), and so may the model's path: a
+# continued run loads the very weights the other run ended with.
+CONTINUE_KEYS = ("global_batch_size", "seed", "full_finetune", "lora_r", "lora_alpha", "lora_target_modules",
+                 "max_length", "instruction", "pooling", "lr", "weight_decay", "max_grad_norm", "temperature",
+                 "total_steps", "warmup_steps_used")
 BASE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -76,6 +83,10 @@ class TrainConfig:
     resume: bool = False
     overwrite_output_dir: bool = False
     stop_after_steps: int | None = None
+    # one schedule over several runs (issue 16, lever 4): this run ends at step last_step of its schedule (a finished
+    # run, saved there), and a later run with continue_from = this folder goes on from that step with its own data
+    last_step: int = -1
+    continue_from: str | None = None
     show_progress: bool = True
 
     def validate(self) -> None:
@@ -91,6 +102,8 @@ class TrainConfig:
             raise ValueError("--gradient_checkpointing must be auto|on|off")
         if self.full_finetune and self.init_adapter:
             raise ValueError("--full_finetune and --init_adapter exclude each other (a full model is its own base)")
+        if self.last_step == 0 or self.last_step < -1:
+            raise ValueError(f"--last_step must be >= 1 (or -1: the schedule's end), got {self.last_step}")
 
     def base_dtype_on(self, device_type: str) -> str:
         """The base weights' dtype name: fp32 on CPU. On CUDA a frozen LoRA backbone is held in bf16 (adapters stay

@@ -499,3 +499,54 @@ def test_driver_warm_start_diagnoses_the_fine_tuned_model_at_t0s_steps(tiny_mode
     # ITER_STEPS=t0 and a --max_steps of one's own are refused before any work, naming both
     refused = run_driver({**env, "TRAIN_EXTRA": "--max_steps 9", "OUT_DIR": str(tmp_path / "r1")}, timeout=60)
     assert refused.returncode == 2 and "ITER_STEPS=t0 sets each training's --max_steps" in refused.stderr
+
+
+def test_driver_one_schedule_continues_the_warm_start_mid_schedule(tiny_model_dir, tmp_path, server):
+    """SCHEDULE=one: the warm start is the first T0_STEPS slice of one schedule of (WARM_START + ITERS) x T0_STEPS
+    steps, and iteration 1 goes on from its weights, optimizer, LR and step with REPAIR's data added (no second
+    warmup), so a plain run of the whole schedule is the exact control; CONTROL=1 trains that control (the same
+    slice on T0's data alone) and the report sets REPAIR beside it. Both refused without ITER_STEPS=t0."""
+    data = make_corpus(tmp_path / "matsci")
+    env = driver_env(tmp_path, tiny_model_dir, data, server.url, "run_one")
+    env.update({"ITERS": "1", "EPOCHS": "2", "EXPANSION": "0", "CONFUSED_TUPLES": "1", "T0_NEGATIVES": "bm25",
+                "WARM_START": "1", "ITER_STEPS": "t0", "SCHEDULE": "one", "WARMUP_RATIO": "0.25", "CONTROL": "1"})
+    proc = run_driver(env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run, logs = tmp_path / "run_one", tmp_path / "run_one" / "logs"
+    warm = run / "iter0" / "adapter"
+    # |T0| = 12 pairs at GLOBAL_BATCH 8: T0_STEPS = 4; one schedule of 8 steps, the warm start ends at step 4
+    warm_cmd = (logs / "iter0.10_warm_start.cmd").read_text()
+    assert "--max_steps 8 --last_step 4" in warm_cmd and "--continue_from" not in warm_cmd
+    train_cmd = (logs / "iter1.10_train.cmd").read_text()
+    assert f"--max_steps 8 --last_step 8 --continue_from {warm}" in train_cmd
+    warm_log = [json.loads(x) for x in (warm / "train_log.jsonl").open()]
+    iter_log = [json.loads(x) for x in (run / "iter1" / "adapter" / "train_log.jsonl").open()]
+    assert [r["step"] for r in warm_log] == [1, 2, 3, 4] and [r["step"] for r in iter_log] == [5, 6, 7, 8]
+    # warmup of ceil(0.25 x 8) = 2 steps, then one linear decay to 0 at step 8 across both trainings (the lr a step
+    # trained with): no second warmup at step 5
+    lr = warm_log[2]["lr"]
+    assert [r["lr"] for r in warm_log + iter_log] == pytest.approx([lr * f for f in (0, 1 / 2, 1, 5 / 6, 4 / 6, 3 / 6,
+                                                                                     2 / 6, 1 / 6)])
+    trained = json.loads((run / "iter1" / "adapter" / "training_args.json").read_text())
+    assert trained["continued_from_step"] == 4 and trained["examples"] > 12 and trained["total_steps"] == 8
+    # the control: the same command on T0's BM25 triplets alone (no tuples), from the same warm start
+    control_cmd = (logs / "iter1.10_control.cmd").read_text()
+    t0_bm25 = run / "t0_negatives" / "t0_bm25.jsonl"
+    assert control_cmd.replace(str(run / "iter1" / "control"), "OUT") == train_cmd.replace(
+        f" --triplets {run / 'iter1' / 'differentiation' / 'final_train_data.bottom_30pct.jsonl'}", "").replace(
+        str(run / "iter1" / "adapter"), "OUT")
+    assert f"--triplets {t0_bm25}" in control_cmd
+    control_args = json.loads((run / "iter1" / "control" / "training_args.json").read_text())
+    assert control_args["continued_from_step"] == 4 and control_args["examples"] == 12
+    assert f"--adapter {run / 'iter1' / 'control'}" in (logs / "iter1.eval_control.cmd").read_text()
+    report = json.loads((run / "report.json").read_text())
+    repair_ndcg = report["iterations"][1]["eval"]
+    control_ndcg = report["iterations"][1]["control_eval"]
+    assert repair_ndcg.keys() == control_ndcg.keys() and repair_ndcg
+    name = next(iter(repair_ndcg))
+    table = (run / "report.md").read_text()
+    assert f"| 1: plain control, same steps | {control_ndcg[name]:.4f}" in table
+    assert f"| 1: REPAIR - control | {repair_ndcg[name] - control_ndcg[name]:+.4f}" in table
+    for setting in ("SCHEDULE=one splits one schedule", "CONTROL=1 trains the control"):
+        refused = run_driver({**env, "ITER_STEPS": "epochs", "OUT_DIR": str(tmp_path / "r1")}, timeout=60)
+        assert refused.returncode == 2 and setting in refused.stderr

@@ -242,6 +242,8 @@ def test_ir_profile_keeps_beir_metrics_and_ignores_queries_outside_the_split():
     assert row["mrr@10"] == pytest.approx((1 + 1 / 2 + 1 / 6) / 3)
     assert row["ndcg@10"] == pytest.approx((1 + 1 / math.log2(3) + 1 / math.log2(7)) / 3)
     assert row["doc_text"] == "title_text" and row["top_k"] == 1000
+    # the per-query values the mean is made of (what a paired comparison of two models reads)
+    assert row["per_query"]["ndcg@10"] == pytest.approx({"c1": 1.0, "c2": 1 / math.log2(3), "c3": 1 / math.log2(7)})
 
 
 @pytest.mark.parametrize("text,name,task", [

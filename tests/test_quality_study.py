@@ -219,3 +219,39 @@ def test_lever_4_rows_and_their_controls_refuse_to_start_without_the_baseline_mo
     assert not (tmp_path / "repair").exists() and not (tmp_path / "data").exists()
     assert study.VARIANTS["repair_conf_bm25_from_bm25"].settings["T0_NEGATIVES"] == "bm25"
     assert "bm25_cont" in study.BASELINE_ROWS
+
+
+def test_compare_reports_paired_per_seed_differences_and_the_bar_at_equal_steps_only(tmp_path):
+    """--compare: the candidate's mean and per-seed (paired) test differences against each baseline, read from the row
+    files and a recorded export, and the +0.01 verdict; a baseline of other steps is marked, an unknown row refused."""
+    study = load_study()
+    recorded = recorded_export(tmp_path, {"bm25x2_s1": dict(steps=84, dev_ndcg10=0.733, test_ndcg10=0.713)})
+    out = tmp_path / "out"
+    for seed, (cand, cont) in enumerate([(0.722, 0.714), (0.718, 0.708), (0.719, 0.707)], start=1):
+        write_row(out, f"repair_conf_bm25_from_bm25_s{seed}", steps=84, dev_ndcg10=0.73, test_ndcg10=cand)
+        write_row(out, f"bm25_cont_s{seed}", steps=84, dev_ndcg10=0.73, test_ndcg10=cont)
+    write_row(out, "bm25_s1", steps=42, dev_ndcg10=0.72, test_ndcg10=0.687)
+    # per-claim nDCG@10 of seeds 1 and 2 (evaluation files as eval_suite writes them); seed 3 has none
+    per_claim = {"repair_conf_bm25_from_bm25": [{"a": 1.0, "b": 0.5, "c": 0.0, "d": 0.6},
+                                                {"a": 1.0, "b": 0.7, "c": 0.2, "d": 0.6}],
+                 "bm25_cont": [{"a": 0.5, "b": 0.5, "c": 0.1, "d": 0.6}, {"a": 0.7, "b": 0.5, "c": 0.3, "d": 0.6}]}
+    (out / "eval").mkdir()
+    for row, by_seed in per_claim.items():
+        for seed, values in enumerate(by_seed, start=1):
+            (out / "eval" / f"{row}_s{seed}.test.json").write_text(json.dumps({"results": [
+                {"dataset": "scifact", "per_query": {"ndcg@10": values}}, {"dataset": "biosses"}]}))
+    text = study.paired_comparison(study.merged_rows(out, recorded), "repair_conf_bm25_from_bm25",
+                                   ["bm25x2", "bm25_cont", "bm25"], eval_dir=out / "eval")
+    lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| bm25")}
+    # candidate mean 0.7197; bm25_cont mean 0.7097 -> +0.0100 (>= 0.01); bm25x2 one seed 0.713 -> +0.0067
+    assert "| +0.0067 | s1 +0.0090 | no | – |" in lines["bm25x2"]
+    # per claim, averaged over seeds 1-2: a +0.4, b +0.1, c -0.1, d 0: 2 better, 1 worse; of the 8 sign patterns of
+    # (0.4, 0.1, -0.1), 6 reach |sum| >= 0.4 (all but 0.4 - 0.1 - 0.1 and its negation): p = 6/8
+    from repair.metrics import paired_randomization_p
+    p = paired_randomization_p([0.4, 0.1, -0.1, 0.0])
+    assert p == pytest.approx(0.75, abs=0.02)
+    assert f"s1 +0.0080, s2 +0.0100, s3 +0.0120 | yes | s1,2: 2 better / 1 worse of 4, p {p:.3f} |" in lines["bm25_cont"]
+    assert lines["bm25"].endswith("| yes (other steps) | – |")
+    assert text.startswith("repair_conf_bm25_from_bm25: seeds 1, 2, 3, steps 84, test nDCG@10 0.7197 ± 0.0021")
+    with pytest.raises(SystemExit, match="no row named st_minedx2"):
+        study.paired_comparison(study.merged_rows(out, recorded), "repair_conf_bm25_from_bm25", ["st_minedx2"])

@@ -106,7 +106,7 @@ def test_profiles_sit_between_defaults_and_the_environment(tmp_path):
     with pytest.raises(SettingsError, match="DEMO must be full or tiny, got 'huge'"):
         resolve({"DEMO": "huge"}, ROOT)
     with pytest.raises(SettingsError,
-                       match="PROFILE must be confused \\| confused-bm25 \\| confused-bm25-warm \\| demo \\| demo-tiny or a profile file, got 'fast'"):
+                       match="PROFILE must be confused \\| confused-bm25 \\| confused-bm25-one \\| confused-bm25-warm \\| demo \\| demo-tiny or a profile file, got 'fast'"):
         resolve({"PROFILE": "fast"}, ROOT)
 
     own = tmp_path / "mine.env"
@@ -127,7 +127,7 @@ def test_every_shipped_profile_validates_and_confused_is_issue_16s_configuration
     """A profile in configs/ is a command users run: each must pass the up-front checks as shipped (given a T0
     where it leaves TRAIN_DATA to the user), and PROFILE=confused must set the lever it is named for."""
     profiles = sorted(p.stem for p in (ROOT / "configs").glob("*.env"))
-    assert profiles == ["confused", "confused-bm25", "confused-bm25-warm", "demo", "demo-tiny"]
+    assert profiles == ["confused", "confused-bm25", "confused-bm25-one", "confused-bm25-warm", "demo", "demo-tiny"]
     for name in profiles:
         env = {"PROFILE": name}
         if not resolve(env, ROOT).values["TRAIN_DATA"]:
@@ -146,6 +146,10 @@ def test_every_shipped_profile_validates_and_confused_is_issue_16s_configuration
     warm = resolve({"PROFILE": "confused-bm25-warm", "TRAIN_DATA": str(TINY)}, ROOT).values
     assert {k: v for k, v in warm.items() if v != best[k]} == {"WARM_START": "1", "ITER_STEPS": "t0", "MINI_BATCH": "64",
                                                               "OUT_DIR": "runs/confused-bm25-warm"}
+    # the same in one LR schedule (the warm start is its first half), with the plain control trained beside it
+    one = resolve({"PROFILE": "confused-bm25-one", "TRAIN_DATA": str(TINY)}, ROOT).values
+    assert {k: v for k, v in one.items() if v != warm[k]} == {"SCHEDULE": "one", "CONTROL": "1",
+                                                             "OUT_DIR": "runs/confused-bm25-one"}
 
 
 def test_a_rerun_with_result_changing_settings_is_refused_naming_each(tmp_path):

@@ -162,6 +162,59 @@ def test_resume_after_stop_matches_uninterrupted_run(tiny_model_dir, data_files,
     assert again["status"] == "already_finished"
 
 
+def test_a_schedule_split_over_two_runs_ends_with_the_uninterrupted_runs_weights(tiny_model_dir, data_files,
+                                                                                  reference_run, tmp_path):
+    """--last_step + --continue_from (issue 16, lever 4 in one schedule): the first run stops at step 3 of the 8-step
+    schedule as a finished, loadable run; a second run continues its weights, AdamW moments, LR schedule and RNG.
+    On the same data the two end with the weights of one uninterrupted run, so a continued run with other data has
+    the plain run as its exact control. Other data continues from the same state; another schedule is refused."""
+    ref_out, _ = reference_run
+    first = tmp_path / "first"
+    argv_first = base_argv(tiny_model_dir, data_files, first, "--max_steps", "8", "--last_step", "3")
+    assert train(cli_config(argv_first))["step"] == 3
+    assert training_finished(first) and read_json(first / "training_args.json")["end_step"] == 3
+    Retriever.load(str(tiny_model_dir), adapter=str(first), max_length=64)  # the model at step 3, for diagnosis
+    second = tmp_path / "second"
+    result = train(cli_config(base_argv(tiny_model_dir, data_files, second, "--max_steps", "8",
+                                        "--continue_from", str(first))))
+    assert result["status"] == "finished" and result["step"] == 8
+    ref, got = adapter_tensors(ref_out), adapter_tensors(second)
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], atol=1e-6, rtol=0)
+    log = read_jsonl(second / "train_log.jsonl")
+    assert [r["step"] for r in log] == [4, 5, 6, 7, 8]
+    ref_log = read_jsonl(ref_out / "train_log.jsonl")[3:]
+    assert [r["lr"] for r in log] == [r["lr"] for r in ref_log]  # the schedule goes on, no second warmup
+    assert [r["loss"] for r in log] == pytest.approx([r["loss"] for r in ref_log], abs=1e-5)
+    assert read_json(second / "training_args.json")["continued_from_step"] == 3
+
+    t0, _ = data_files  # other data (T0 alone): the same start, another end
+    other = tmp_path / "other"
+    train(cli_config(["--model", str(tiny_model_dir), "--train_data", t0, "--output_dir", str(other),
+                      "--global_batch_size", "4", "--mini_batch_size", "4", "--max_length", "64", "--lr", "2e-3",
+                      "--temperature", "0.05", "--lora_r", "4", "--lora_alpha", "8", "--seed", "5",
+                      "--qem_lambda", str(CAUSALNEG_QEM_LAMBDA), "--no_progress", "--max_steps", "8",
+                      "--continue_from", str(first)]))
+    other_log = read_jsonl(other / "train_log.jsonl")
+    assert other_log[0]["step"] == 4 and other_log[0]["lr"] == pytest.approx(log[0]["lr"])  # the schedule goes on
+    assert any(not torch.allclose(t, ref[n]) for n, t in adapter_tensors(other).items())
+
+    with pytest.raises(ValueError, match=r"the schedules differ \(lr: .* has 0.002, this run 0.001"):
+        train(cli_config(base_argv(tiny_model_dir, data_files, tmp_path / "x", "--max_steps", "8", "--lr", "1e-3",
+                                   "--continue_from", str(first))))
+    with pytest.raises(ValueError, match="total_steps"):  # an epoch-sized schedule of other data is another schedule
+        train(cli_config(base_argv(tiny_model_dir, data_files, tmp_path / "y", "--epochs", "3",
+                                   "--continue_from", str(first))))
+    with pytest.raises(ValueError, match="ended at step 3: nothing left before step 3"):
+        train(cli_config(base_argv(tiny_model_dir, data_files, tmp_path / "z", "--max_steps", "8", "--last_step", "3",
+                                   "--continue_from", str(first))))
+    with pytest.raises(ValueError, match="not a finished training run"):
+        train(cli_config(base_argv(tiny_model_dir, data_files, tmp_path / "w", "--max_steps", "8",
+                                   "--continue_from", str(tmp_path / "missing"))))
+    with pytest.raises(ValueError, match=r"--last_step 9 is past the end of the schedule \(8 steps\)"):
+        train(cli_config(base_argv(tiny_model_dir, data_files, tmp_path / "v", "--max_steps", "8", "--last_step", "9")))
+
+
 def test_resume_after_sigkill_matches_uninterrupted_run(tiny_model_dir, data_files, reference_run, tmp_path):
     ref_out, _ = reference_run
     out = tmp_path / "killed"

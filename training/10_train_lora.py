@@ -97,6 +97,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="checkpoint every N optimizer steps, 0 = only at the end (default: %(default)s)")
     g.add_argument("--save_total_limit", type=int, default=_default("save_total_limit"),
                    help="keep only the newest N checkpoints, 0 = all (default: %(default)s)")
+    g.add_argument("--last_step", type=int, default=_default("last_step"),
+                   help="end this run at step N of its schedule (--max_steps / --epochs set the schedule's length) "
+                        "and save the model there as a finished run; -1 = the schedule's end (default: %(default)s)")
+    g.add_argument("--continue_from", default=None, metavar="RUN_DIR",
+                   help="go on from where another finished run of the same schedule ended (its weights, optimizer, "
+                        "LR schedule, RNG and step; e.g. one trained with --last_step) on this run's data, to "
+                        "--last_step; same --max_steps, batch, lr, warmup, seed and model shape required")
     g.add_argument("--stop_after_steps", type=int, default=None,
                    help="leave after N steps of this invocation with a checkpoint (for time-limited jobs; "
                         "continue with --resume)")
