@@ -274,6 +274,24 @@ def test_full_finetune_folder_loads_with_retriever_load(tiny_model_dir, data_fil
     torch.testing.assert_close(saved[key], weights[key], atol=0, rtol=0)
 
 
+def test_full_finetune_schedule_continued_from_the_saved_model_ends_as_one_run(tiny_model_dir, data_files, tmp_path):
+    """The driver's SCHEDULE=one with full fine-tuning: the continued run is given the first run's saved model folder
+    as --model (what the driver's diagnosis used) and ends with the weights of one uninterrupted 4-step run."""
+    from safetensors.torch import load_file
+
+    flags = ["--full_finetune", "--max_steps", "4", "--save_steps", "0", "--lr", "1e-3"]
+    whole, first, second = tmp_path / "whole", tmp_path / "first", tmp_path / "second"
+    train(cli_config(base_argv(tiny_model_dir, data_files, whole, *flags)))
+    train(cli_config(base_argv(tiny_model_dir, data_files, first, *flags, "--last_step", "2")))
+    argv = base_argv(tiny_model_dir, data_files, second, *flags, "--continue_from", str(first))
+    argv[argv.index("--model") + 1] = str(first)
+    assert train(cli_config(argv))["step"] == 4
+    ref, got = load_file(str(whole / "model.safetensors")), load_file(str(second / "model.safetensors"))
+    assert ref.keys() == got.keys()
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], atol=1e-6, rtol=0)
+
+
 def _tiny_bert(folder: Path) -> Path:
     """A random 2-layer BERT with all-MiniLM-L6-v2's real WordPiece tokenizer (mean pooling profile)."""
     from transformers import AutoTokenizer, BertConfig, BertModel
