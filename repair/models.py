@@ -189,8 +189,15 @@ def resolve_model(name_or_path: str, pooling: str | None = None, trust_remote_co
     """Resolve a model argument (alias, local folder, HF id, or a LoRA adapter folder standing for its base) and an
     optional adapter folder into a :class:`ModelSpec`. The base's config is read here, so a wrong name fails before
     the tokenizer or the weights are touched."""
-    if adapter is None and is_adapter_folder(name_or_path):
-        name_or_path, adapter = adapter_base(name_or_path), str(name_or_path)
+    if is_adapter_folder(name_or_path):
+        # an adapter folder stands for its base. With a second adapter too (the driver after a LoRA training that
+        # started from an adapter given as MODEL: the trainer continues that adapter, it never stacks two), the
+        # pair means base + the second adapter, which must have been trained on the same base.
+        base = adapter_base(name_or_path)
+        if adapter is not None and is_adapter_folder(adapter) and adapter_base(adapter) != base:
+            raise ModelError(f"{adapter} was trained on {adapter_base(adapter)}, but the model {name_or_path} is an "
+                             f"adapter folder on {base}; pass --model {adapter_base(adapter)} --adapter {adapter}")
+        name_or_path, adapter = base, str(adapter if adapter is not None else name_or_path)
     alias = ALIASES.get(name_or_path, ALIASES.get(name_or_path.lower()))
     if alias == "smollm2-135m":
         path = str(smollm2_folder())

@@ -115,6 +115,21 @@ def test_one_door_takes_an_adapter_folder_as_the_model_and_loads_trainable(tiny_
     with pytest.raises(ValueError, match="embedding cache"):
         Retriever.load(base, adapter, device="cpu", trainable=True, cache_dir=tmp_path / "cache")
 
+    # model = an adapter folder + adapter = a later adapter on the same base (the driver after training from an
+    # adapter given as MODEL): base + the later adapter, not a stack of both
+    later = make_adapter(base, tmp_path / "later", seed=2)
+    pair = Retriever.load(adapter, later, device="cpu")
+    assert (pair.spec.path, pair.spec.adapter) == (base, later)
+    torch.testing.assert_close(pair.encode_passages(TEXTS[:3]),
+                               Retriever.load(base, later, device="cpu").encode_passages(TEXTS[:3]), atol=1e-6, rtol=0)
+    assert (pair.encode_passages(TEXTS[:3]) - expected).abs().max() > 1e-3
+    foreign = make_adapter(base, tmp_path / "foreign", seed=3)
+    foreign_cfg = tmp_path / "foreign" / "adapter_config.json"
+    foreign_cfg.write_text(json.dumps({**json.loads(foreign_cfg.read_text()),
+                                       "base_model_name_or_path": str(tmp_path / "other_base")}))
+    with pytest.raises(ModelError, match="trained on .*other_base.*pass --model"):
+        Retriever.load(adapter, foreign, device="cpu")
+
     config = tmp_path / "adapter" / "adapter_config.json"
     config.write_text(json.dumps({k: v for k, v in json.loads(config.read_text()).items()
                                   if k != "base_model_name_or_path"}))

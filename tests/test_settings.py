@@ -106,7 +106,7 @@ def test_profiles_sit_between_defaults_and_the_environment(tmp_path):
     with pytest.raises(SettingsError, match="DEMO must be full or tiny, got 'huge'"):
         resolve({"DEMO": "huge"}, ROOT)
     with pytest.raises(SettingsError,
-                       match="PROFILE must be confused \\| confused-bm25 \\| confused-bm25-one \\| confused-bm25-warm \\| demo \\| demo-tiny or a profile file, got 'fast'"):
+                       match="PROFILE must be confused \\| confused-bm25 \\| confused-bm25-one \\| confused-bm25-warm \\| demo \\| demo-confused \\| demo-tiny or a profile file, got 'fast'"):
         resolve({"PROFILE": "fast"}, ROOT)
 
     own = tmp_path / "mine.env"
@@ -127,7 +127,8 @@ def test_every_shipped_profile_validates_and_confused_is_issue_16s_configuration
     """A profile in configs/ is a command users run: each must pass the up-front checks as shipped (given a T0
     where it leaves TRAIN_DATA to the user), and PROFILE=confused must set the lever it is named for."""
     profiles = sorted(p.stem for p in (ROOT / "configs").glob("*.env"))
-    assert profiles == ["confused", "confused-bm25", "confused-bm25-one", "confused-bm25-warm", "demo", "demo-tiny"]
+    assert profiles == ["confused", "confused-bm25", "confused-bm25-one", "confused-bm25-warm", "demo", "demo-confused",
+                        "demo-tiny"]
     for name in profiles:
         env = {"PROFILE": name}
         if not resolve(env, ROOT).values["TRAIN_DATA"]:
@@ -150,6 +151,13 @@ def test_every_shipped_profile_validates_and_confused_is_issue_16s_configuration
     one = resolve({"PROFILE": "confused-bm25-one", "TRAIN_DATA": str(TINY)}, ROOT).values
     assert {k: v for k, v in one.items() if v != warm[k]} == {"SCHEDULE": "one", "CONTROL": "1",
                                                              "OUT_DIR": "runs/confused-bm25-one"}
+    # the demo of it: the same configuration on the shipped slice (+ BIOSSES), batch 16 and 4 epochs (12 steps a training)
+    demo = resolve({"PROFILE": "demo-confused"}, ROOT).values
+    assert {k: v for k, v in demo.items() if v != one[k]} == {
+        "TRAIN_DATA": str(ROOT / "data/demo/scifact-demo"),
+        "EVAL_DATA": f"scifact:ir:{ROOT / 'data/demo/scifact-demo'} {ROOT / 'data/biosses'}",
+        "LOCAL_CORPUS": str(ROOT / "data/demo/scifact-demo"), "GLOBAL_BATCH": "16", "EPOCHS": "4",
+        "OUT_DIR": "runs/demo-confused"}
 
 
 def test_a_rerun_with_result_changing_settings_is_refused_naming_each(tmp_path):
@@ -193,8 +201,8 @@ def test_help_lists_profiles_and_their_real_values():
     assert "  demo-tiny       configs/demo-tiny.env: the shipped tiny SciFact slice" in text
     eval_line = next(line for line in text.splitlines() if line.startswith("  EVAL_DATA "))
     # the demo evaluates on its own slice only (the old help claimed "the demo folder + data/biosses")
-    assert eval_line.endswith("[none; demo data/demo/scifact-demo; demo-tiny data/demo/scifact-tiny]")
-    assert "biosses" not in eval_line
+    assert eval_line.endswith("[none; demo data/demo/scifact-demo; demo-confused scifact:ir:data/demo/scifact-demo "
+                              "data/biosses; demo-tiny data/demo/scifact-tiny]")
     assert "  PCT             bottom percentile of margins = Q_conf [30]" in text
 
 
