@@ -54,7 +54,10 @@ def test_eval_beir_cli_matches_independent_ndcg(tiny_model_dir, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     printed = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert json.loads(out.read_text()) == printed
+    written = json.loads(out.read_text())
+    # the file is the printed line plus the per-query nDCG@10 (for paired tests), which stdout leaves out
+    per_query = written.pop("per_query")["ndcg@10"]
+    assert written == printed and "per_query" not in printed
     assert printed["instruction"] == instruction_for("scifact")
     for key in ("ndcg@10", "map@10", "recall@10", "recall@100", "mrr@10"):
         assert 0.0 <= printed[key] <= 1.0
@@ -72,6 +75,7 @@ def test_eval_beir_cli_matches_independent_ndcg(tiny_model_dir, tmp_path):
         order = [ids[j] for j in np.lexsort((np.arange(len(ids)), -(d @ q[row])))]
         expected.append(ndcg_at_10([x for x in order if x != qid], qrels[qid]))
     assert printed["ndcg@10"] == pytest.approx(float(np.mean(expected)), abs=1e-6)
+    assert [per_query[qid] for qid in QUERIES] == pytest.approx(expected, abs=1e-6)
 
     # a second run reads every vector from the cache
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
