@@ -203,6 +203,9 @@ def test_help_lists_profiles_and_their_real_values():
     # the demo evaluates on its own slice only (the old help claimed "the demo folder + data/biosses")
     assert eval_line.endswith("[none; demo data/demo/scifact-demo; demo-confused scifact:ir:data/demo/scifact-demo "
                               "data/biosses; demo-tiny data/demo/scifact-tiny]")
+    # the faithful demos still evaluate on their own slice only (only demo-confused adds BIOSSES)
+    per_profile = dict(seg.split(" ", 1) for seg in eval_line[eval_line.index("[") + 1:-1].split("; ")[1:])
+    assert "biosses" not in per_profile["demo"] and "biosses" not in per_profile["demo-tiny"]
     assert "  PCT             bottom percentile of margins = Q_conf [30]" in text
 
 
