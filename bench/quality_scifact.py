@@ -171,6 +171,11 @@ VARIANTS: dict[str, Variant] = {
     # this folder; else the same 05 and 06 commands run here) rewritten by 06c as claims in T0's style
     "repair_qwen05_t0": Variant({"GEN_MODEL": "qwen2.5-coder-0.5b", "GEN_ROUND": "324", "QUERY_FORM": "t0"},
                                 "06:repair_qwen05"),
+    # lever 1 with the larger generator, in-process like the 0.5B rows (the served rows above need llama.cpp's server,
+    # a ~1 h build here): Qwen2.5-Coder-1.5B-Instruct (the same Q4_K_M GGUF, converted to fp32) in
+    # repair_qwen05_gen's configuration, so the two rows differ only in the generator
+    "repair_qwen15_gen": Variant({"GEN_MODEL": "qwen2.5-coder-1.5b", "GEN_ROUND": "324", "QUERY_FORM": "generated"},
+                                 "04:repair_conf_only"),
     "repair_from_ft": Variant({}, None, start="inbatch"),  # lever 4: iteration 1 starts from inbatch_s<seed>
     # levers 4 and 5 on lever 3's configuration (the best on dev): the same diagnosis and tuples, reused
     "repair_conf_only_neg3": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "NUM_HARD_NEG": "3"}, "09:repair_conf_only"),

@@ -255,3 +255,32 @@ def test_compare_reports_paired_per_seed_differences_and_the_bar_at_equal_steps_
     assert text.startswith("repair_conf_bm25_from_bm25: seeds 1, 2, 3, steps 84, test nDCG@10 0.7197 ± 0.0021")
     with pytest.raises(SystemExit, match="no row named st_minedx2"):
         study.paired_comparison(study.merged_rows(out, recorded), "repair_conf_bm25_from_bm25", ["st_minedx2"])
+
+
+def test_every_lever_row_is_a_valid_driver_configuration_sharing_from_a_known_row():
+    """Each VARIANTS row is run_repair.sh settings: every name is a driver setting and the driver's own validation
+    accepts the values on a real T0 folder (a typo would only surface an hour into a study run), and a row that
+    copies stages names a step and another lever row that exists."""
+    from repair.models import ALIASES
+    from repair.settings import resolve, validate
+    from repair.settings_table import SETTINGS
+
+    study = load_study()
+    known = {s.name for s in SETTINGS}
+    tiny = str(ROOT / "data" / "demo" / "scifact-tiny")
+    served = {"GENERATOR": "openai", "OPENAI_URL": "http://127.0.0.1:8080/v1"}
+    for row, variant in study.VARIANTS.items():
+        settings = {k: v for k, v in variant.settings.items() if k != "QWEN"}
+        if "QWEN" in variant.settings:  # what --served_generator sets (Study.variant)
+            settings.update(served)
+        assert set(settings) <= known, (row, set(settings) - known)
+        env = {"TRAIN_DATA": tiny, **settings}
+        assert validate(resolve(env, ROOT), env) == [], row
+        if "GEN_MODEL" in settings:  # an offline alias (GENERATORS=1), not a hub id this machine cannot download
+            assert settings["GEN_MODEL"] in ALIASES, row
+        upto, _, source = (variant.shared or "").partition(":")
+        assert upto in ("", "04", "05", "06", "07", "08", "09", "eval"), row
+        assert source == "" or source in study.VARIANTS, row
+        assert variant.start in ("offshelf", "inbatch", "bm25") and variant.budget in ("steps", "claims", "driver")
+    assert study.VARIANTS["repair_qwen15_gen"].settings == {**study.VARIANTS["repair_qwen05_gen"].settings,
+                                                             "GEN_MODEL": "qwen2.5-coder-1.5b"}
