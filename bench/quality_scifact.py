@@ -201,6 +201,23 @@ VARIANTS: dict[str, Variant] = {
     "repair_conf_only_k15": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),
 }
 
+# ``Variant.shared``'s STEP: the iteration-1 step whose done marker says a source row has finished it
+SHARED_UPTO = {"04": "04_merge", "05": "05_generate.r1", "06": "expansion", "07": "07_embed", "08": "08_hardneg",
+               "09": "09_consistency", "eval": "eval"}
+
+
+def variant_settings(row: str, served_generator: str | None) -> dict[str, str]:
+    """A lever row's run_repair.sh settings: ``VARIANTS``' own, with ``QWEN`` turned into the served generator's
+    (``GENERATOR=openai`` at ``served_generator``, llama.cpp's repeat penalty as 05's sampling)."""
+    settings = dict(VARIANTS[row].settings)
+    if settings.pop("QWEN", None):
+        if not served_generator:
+            raise SystemExit(f"{row}: needs --served_generator URL (python -m repair.model_packages serve "
+                             "qwen2.5-coder-1.5b --port 8080 --n_threads 1)")
+        settings.update({"GENERATOR": "openai", "OPENAI_URL": served_generator,
+                         "OPENAI_EXTRA": '{"repeat_penalty": 1.2}'})
+    return settings
+
 
 class Study:
     def __init__(self, args: argparse.Namespace):
@@ -492,8 +509,7 @@ class Study:
         iterations are always run.
         """
         src = self.out / "repair" / f"{source_row}_s{seed}"
-        last = {"04": "04_merge", "05": "05_generate.r1", "06": "expansion", "07": "07_embed", "08": "08_hardneg",
-                "09": "09_consistency", "eval": "eval"}[upto]
+        last = SHARED_UPTO[upto]
         marker = run_dir / "REUSED_FROM"  # so a resumed row still reports where its stages came from
         if (run_dir / "iter1").exists() or not (src / ".state" / f"iter1.{last}.done").exists():
             return marker.exists()
@@ -529,13 +545,7 @@ class Study:
         upto, _, source_row = (variant.shared or "").partition(":")
         name = f"{row}_s{seed}"
         run_dir = self.out / "repair" / name
-        extra = dict(variant.settings)
-        if extra.pop("QWEN", None):
-            if not self.args.served_generator:
-                raise SystemExit(f"{row}: needs --served_generator URL (python -m repair.model_packages serve "
-                                 "qwen2.5-coder-1.5b --port 8080 --n_threads 1)")
-            extra.update({"GENERATOR": "openai", "OPENAI_URL": self.args.served_generator,
-                          "OPENAI_EXTRA": '{"repeat_penalty": 1.2}'})
+        extra = variant_settings(row, self.args.served_generator if "QWEN" in variant.settings else None)
         if variant.budget == "claims":  # the budget counted in claims: 2 epochs of T0 + tuples, no step cap
             extra["TRAIN_EXTRA"] = "--epochs 2 --warmup_ratio 0.1 --weight_decay 0.01 --save_steps 0 --no_progress"
         elif variant.budget == "driver":  # ITER_STEPS=t0: each training EPOCHS x ceil(|T0| / 32) steps = --steps

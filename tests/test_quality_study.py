@@ -268,19 +268,19 @@ def test_every_lever_row_is_a_valid_driver_configuration_sharing_from_a_known_ro
     study = load_study()
     known = {s.name for s in SETTINGS}
     tiny = str(ROOT / "data" / "demo" / "scifact-tiny")
-    served = {"GENERATOR": "openai", "OPENAI_URL": "http://127.0.0.1:8080/v1"}
     for row, variant in study.VARIANTS.items():
-        settings = {k: v for k, v in variant.settings.items() if k != "QWEN"}
-        if "QWEN" in variant.settings:  # what --served_generator sets (Study.variant)
-            settings.update(served)
+        settings = study.variant_settings(row, "http://127.0.0.1:8080/v1")  # what Study.variant passes the driver
         assert set(settings) <= known, (row, set(settings) - known)
         env = {"TRAIN_DATA": tiny, **settings}
         assert validate(resolve(env, ROOT), env) == [], row
         if "GEN_MODEL" in settings:  # an offline alias (GENERATORS=1), not a hub id this machine cannot download
             assert settings["GEN_MODEL"] in ALIASES, row
         upto, _, source = (variant.shared or "").partition(":")
-        assert upto in ("", "04", "05", "06", "07", "08", "09", "eval"), row
+        assert upto == "" or upto in study.SHARED_UPTO, row
         assert source == "" or source in study.VARIANTS, row
-        assert variant.start in ("offshelf", "inbatch", "bm25") and variant.budget in ("steps", "claims", "driver")
+        assert variant.start == "offshelf" or variant.start in study.BASELINE_ROWS, row
+        assert variant.budget in ("steps", "claims", "driver"), row
+    with pytest.raises(SystemExit, match="repair_qwen_gen: needs --served_generator URL"):
+        study.variant_settings("repair_qwen_gen", None)
     assert study.VARIANTS["repair_qwen15_gen"].settings == {**study.VARIANTS["repair_qwen05_gen"].settings,
                                                              "GEN_MODEL": "qwen2.5-coder-1.5b"}
