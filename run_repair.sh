@@ -15,7 +15,7 @@
 #   MODEL=Qwen/Qwen2.5-0.5B TRAIN_DATA=seed.pt EVAL_DATA="nfcorpus:ir:/data/nfcorpus" OUT_DIR=runs/q05 bash run_repair.sh
 #   bash run_repair.sh --help             # this text and every setting with its default
 #
-# Every setting is an environment variable; the list below (from repair/settings.py, where the defaults and
+# Every setting is an environment variable; the list below (from repair/driver/settings.py, where the defaults and
 # the rules live) gives each one's default and each profile's value. Settings are checked before any work
 # (a bad value stops the run in a second, naming the setting), and recorded in $OUT_DIR/settings.json.
 # A rerun skips finished steps and resumes unfinished ones (05/06 and training resume where they stopped);
@@ -35,7 +35,7 @@ fi
 # the steps import the repair package: installed by install.sh (pip install -e .); this checkout's copy also
 # wins for any other PYTHON the driver is given
 export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"
-settings_py() { PYTHON="$PYTHON" "$PYTHON" -m repair.settings "$@" --root "$HERE"; }
+settings_py() { PYTHON="$PYTHON" "$PYTHON" -m repair.driver.settings "$@" --root "$HERE"; }
 if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
   sed -n '2,/^set -euo pipefail/p' "${BASH_SOURCE[0]}" | grep '^#' | grep -v '^#SBATCH' | sed 's/^# \{0,1\}//'
   echo
@@ -67,7 +67,7 @@ say() { printf '[repair %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 # step NAME OUTPUT_PATH COMMAND...: skip when done (marker), else run with a log; stop the run on failure.
 # The log gets every line; the console gets them too, except a stage's one-line JSON summary, which is
 # shown as a short "summary:" line (its full text stays in the log). OUTPUT_PATH is what FORCE=1 removes first.
-# A finished step also lists the files it wrote in $STATE/NAME.outputs (repair/driver_steps.py: the files changed
+# A finished step also lists the files it wrote in $STATE/NAME.outputs (repair/driver/steps.py: the files changed
 # since its first start), so a run's steps can be reused file by file.
 STEPS_RUN=0
 step() {
@@ -77,7 +77,7 @@ step() {
   if [[ "$FORCE" == 1 && -f "$marker" && -n "$output" ]]; then rm -rf "$output"; fi
   rm -f "$marker"
   local fresh=(); [[ "$FORCE" == 1 ]] && fresh=(--fresh)
-  "$PYTHON" -m repair.driver_steps begin "$STATE" "$name" "${fresh[@]}"
+  "$PYTHON" -m repair.driver.steps begin "$STATE" "$name" "${fresh[@]}"
   printf '%q ' "$@" > "$LOGS/$name.cmd"; echo >> "$LOGS/$name.cmd"
   say "start $name  (log: $log)"
   STEPS_RUN=$((STEPS_RUN + 1))
@@ -89,7 +89,7 @@ step() {
     say "  (or rerun the driver: finished steps are skipped, this one resumes)"
     exit 1
   fi
-  "$PYTHON" -m repair.driver_steps record "$STATE" "$name"  # before the marker: a done step has its record
+  "$PYTHON" -m repair.driver.steps record "$STATE" "$name"  # before the marker: a done step has its record
   echo "$((SECONDS - t0))" > "$marker"
   say "done  $name in $((SECONDS - t0)) s"
 }

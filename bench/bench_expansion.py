@@ -23,11 +23,11 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 
-from repair.generation import HFGenerator
-from repair.query_generation import build_prompt
-from repair.sources import ResponseCache
-from repair.sources.local_corpus import LocalCorpus
-from repair.sources.semantic_scholar import SemanticScholar
+from repair.expansion.generation import HFGenerator
+from repair.expansion.query_generation import build_prompt
+from repair.expansion.sources import ResponseCache
+from repair.expansion.sources.local_corpus import LocalCorpus
+from repair.expansion.sources.semantic_scholar import SemanticScholar
 from repair.tables import text_table
 
 CONCEPTS = [["BCL-2", "venetoclax"], ["cyclin D1", "mantle cell lymphoma"], ["TiO2"], ["APOE4", "amyloid"],

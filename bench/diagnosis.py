@@ -58,7 +58,7 @@ def make_data(n: int, dim: int, topics: int, seed: int, folder: Path, query_nois
 def case_margins(folder: str, backend: str, top_k: int, pct: int) -> dict:
     import torch
 
-    from repair import diagnosis as dg
+    from repair.diagnosis import margins as dg
 
     torch.set_num_threads(os.cpu_count() or 1)
     q = torch.from_numpy(np.load(Path(folder) / "queries.npy"))
@@ -80,7 +80,7 @@ def case_margins(folder: str, backend: str, top_k: int, pct: int) -> dict:
 def case_finch_ours(folder: str, rows: int | None, tag: str) -> dict:
     import torch
 
-    from repair.finch import finch
+    from repair.diagnosis.finch import finch
 
     torch.set_num_threads(os.cpu_count() or 1)
     x = np.load(Path(folder) / "queries.npy")[:rows]
@@ -124,7 +124,7 @@ def run_case(fn, *args) -> dict:
 
 
 def same_partition(a: np.ndarray, b: np.ndarray) -> bool:
-    from repair.finch import canonical_labels
+    from repair.diagnosis.finch import canonical_labels
 
     return bool((canonical_labels(a) == canonical_labels(b)).all())
 

@@ -32,11 +32,11 @@ import numpy as np
 
 
 from repair.data import write_json, write_jsonl
-from repair.embedding_dir import EmbedConfig, EmbeddingDir, embed_candidates
-from repair.hard_negatives import consistency_filter, select_hard_negatives
+from repair.differentiation.embedding_dir import EmbedConfig, EmbeddingDir, embed_candidates
+from repair.differentiation.hard_negatives import consistency_filter, select_hard_negatives
 from repair.encoding import Retriever, text_key
 from repair.runtime import setup_logging
-from repair.tuples import load_tuples
+from repair.differentiation.tuples import load_tuples
 
 
 def parse_args(argv=None) -> argparse.Namespace:

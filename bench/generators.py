@@ -7,7 +7,7 @@ list below) is sent, with greedy decoding, to each configuration ``BACKEND:ALIAS
   server:ALIAS    llama.cpp's OpenAI-compatible server on the Q4 GGUF (llama-cpp-python[server]), through the
                   project's OpenAIGenerator; skipped with a note when llama_cpp is not installed
 with ALIAS one of smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, and each prompt of ``--prompts``:
-  paper           the prompt 05 sends (repair.query_generation.build_prompt, App. A.2.1 wording), one user turn
+  paper           the prompt 05 sends (repair.expansion.query_generation.build_prompt, App. A.2.1 wording), one user turn
   example         system turn + one worked example + "write one research question" (GENERATORS.md)
 
 "Usable" is mechanical: ``clean_query`` accepts the completion (not empty / an echo of the prompt / too short /
@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 
 
-from repair.generation import DEFAULT_SAMPLING, HFGenerator, OpenAIGenerator
-from repair.query_generation import build_prompt, clean_query, sample_concepts
+from repair.expansion.generation import DEFAULT_SAMPLING, HFGenerator, OpenAIGenerator
+from repair.expansion.query_generation import build_prompt, clean_query, sample_concepts
 from repair.runtime import setup_logging
 from repair.tables import markdown_table
 from repair.text import content_words

@@ -5,7 +5,7 @@ Sections (each in its own subprocess, with its own timeout; a failed or timed-ou
 error text and the others still run):
   encode  encoder tokens/s and MFU in bf16 for a random-weight model shaped like Qwen2.5-0.5B (built from a
           config written below, no download), through ``Retriever.embed`` (the path every stage encodes with)
-  train   LoRA training steps through ``repair.train.train`` (peft LoRA, GradCache mini-batches, gradient
+  train   LoRA training steps through ``repair.training.trainer.train`` (peft LoRA, GradCache mini-batches, gradient
           checkpointing, bf16 autocast) on the same model saved to a temp folder: tokens/s, peak GPU memory
   search  exact top-k of the same random vectors with ``repair.search.exact_topk`` on the GPU (torch, and
           faiss when importable) and on the CPU: whether the top-k ids agree (ties aside) and the speeds
@@ -330,14 +330,14 @@ def section_encode(device: str, config, seq_len: int, batch: int, seconds: float
 
 def section_train(device: str, config, work: Path, seq_len: int, global_batch: int, mini_batch: int,
                   steps: int) -> dict:
-    """``repair.train.train`` (LoRA, GradCache, gradient checkpointing on) on the random model saved to a folder."""
+    """``repair.training.trainer.train`` (LoRA, GradCache, gradient checkpointing on) on the random model saved to a folder."""
     import random
 
     import torch
 
     from repair.data import read_json, read_jsonl, write_jsonl
-    from repair.train import train
-    from repair.train_config import TrainConfig
+    from repair.training.trainer import train
+    from repair.training.config import TrainConfig
 
     model_dir, out_dir = work / "train_model", work / "train_out"
     for folder in (model_dir, out_dir):

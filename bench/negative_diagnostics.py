@@ -27,9 +27,9 @@ from pathlib import Path
 
 from repair.cli import add_retriever_args, fail, load_retriever
 from repair.data import DataError
-from repair.causalneg.diagnostics import (diagnose, diagnostics_table, dump, embed_set, plot_clusters,
+from repair.differentiation.causalneg.diagnostics import (diagnose, diagnostics_table, dump, embed_set, plot_clusters,
                                           plot_similarities, read_negative_sets)
-from repair.causalneg.dynamics import plot_dynamics, probe_run, read_train_log, weight_dynamics
+from repair.training.causalneg_dynamics import plot_dynamics, probe_run, read_train_log, weight_dynamics
 from repair.runtime import setup_logging
 
 

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from repair.cli import fail
-from repair.causalneg.diagnostics import read_negative_sets
+from repair.differentiation.causalneg.diagnostics import read_negative_sets
 from repair.data import DataError
 
 
@@ -29,7 +29,7 @@ def _norm(text: str) -> str:
 
 
 def read_negatives(path: str | Path) -> dict[str, list[str]]:
-    """query -> its negatives in file order, the trained one first (repair.causalneg.diagnostics' triplet reader)."""
+    """query -> its negatives in file order, the trained one first (repair.differentiation.causalneg.diagnostics' triplet reader)."""
     data = read_negative_sets([path])
     by_query: dict[str, list[str]] = {}
     for text, owner in zip(data.neg_texts, data.neg_owner):

@@ -60,12 +60,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from repair.data import (file_sha256, iter_jsonl, load_beir, load_qrels, load_seed, read_jsonl, read_lines, write_jsonl,
                          write_lines)
-from repair.beir_slice import write_beir_slice
-from repair.driver_steps import step_outputs, write_outputs
+from repair.evaluation.beir_slice import write_beir_slice
+from repair.driver.steps import step_outputs, write_outputs
 from repair.encoding import link_cache
 from repair.tables import markdown_table
-from repair.train import training_finished
-from repair.train_config import epoch_steps
+from repair.training.trainer import training_finished
+from repair.training.config import epoch_steps
 
 PY = sys.executable
 DEV_IDS = ROOT / "data" / "scifact_split" / "dev_ids.txt"
@@ -504,7 +504,7 @@ class Study:
         up to it (a CausalNeg run up to 09, a GEN_ADAPTER=none run through iteration 1's evaluation, lever rows up
         to the step their setting first changes), so copying those steps' files and done markers gives the files a
         fresh run would write, and the row pays only for what differs. Which files a step wrote is the driver's own
-        record (``$STATE/<step>.outputs``, :mod:`repair.driver_steps`), so a step is copied exactly, wherever it
+        record (``$STATE/<step>.outputs``, :mod:`repair.driver.steps`), so a step is copied exactly, wherever it
         writes (06b writes into differentiation/, 05's queries and 06's verification share expansion/). Later
         iterations are always run.
         """

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Seconds per optimizer step and peak memory of one gradient-cached contrastive training step:
-our trainer (repair.train, GradCache) vs sentence-transformers' CachedMultipleNegativesRankingLoss, on the same
+our trainer (repair.training.trainer, GradCache) vs sentence-transformers' CachedMultipleNegativesRankingLoss, on the same
 model (LoRA r16/alpha32 on every projection), the same (query, positive) pairs, the same text formats, global
 batch and mini batch, AdamW. Each side runs in its own subprocess so peak RSS is its own.
 
@@ -57,8 +57,8 @@ def _pairs(args) -> tuple[list[str], list[str]]:
 
 def run_ours(args) -> dict:
     from repair.data import read_jsonl, write_jsonl
-    from repair.train import train
-    from repair.train_config import TrainConfig
+    from repair.training.trainer import train
+    from repair.training.config import TrainConfig
 
     queries, passages = _pairs(args)
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,8 +84,8 @@ def run_st(args) -> dict:
     from repair.encoding import Retriever
     from repair.models import resolve_model
     from repair.runtime import set_seed
-    from repair.train import DECODER_LORA_TARGETS, ENCODER_LORA_TARGETS
-    from repair.train_data import epoch_order
+    from repair.training.trainer import DECODER_LORA_TARGETS, ENCODER_LORA_TARGETS
+    from repair.training.data import epoch_order
 
     set_seed(42)
     spec = resolve_model(args.model)

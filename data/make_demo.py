@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 
-from repair.beir_slice import write_beir_slice
+from repair.evaluation.beir_slice import write_beir_slice
 from repair.data import load_beir
 
 SLICES = {  # name: (train claims, test claims, corpus size)

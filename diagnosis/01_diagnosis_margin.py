@@ -26,7 +26,7 @@ from pathlib import Path
 
 
 from repair.cli import add_retriever_args, run_script
-from repair.diagnosis_stages import print_summary, run_margins
+from repair.diagnosis.stages import print_summary, run_margins
 from repair.encoding import Retriever
 from repair.runtime import cache_dir_flag, setup_logging
 

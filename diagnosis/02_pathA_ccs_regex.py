@@ -21,10 +21,10 @@ from __future__ import annotations
 import argparse
 
 
-from repair.concepts import RegexExtractor
-from repair.diagnosis import PATHA_DIR
+from repair.diagnosis.concepts import RegexExtractor
+from repair.diagnosis.margins import PATHA_DIR
 from repair.cli import run_script
-from repair.diagnosis_stages import add_pathA_args, check_pathA_args, print_summary, run_pathA
+from repair.diagnosis.stages import add_pathA_args, check_pathA_args, print_summary, run_pathA
 from repair.runtime import setup_logging
 
 

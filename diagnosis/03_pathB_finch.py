@@ -22,9 +22,9 @@ import os
 from pathlib import Path
 
 
-from repair.diagnosis import PATHA_DIR, PATHB_DIR
+from repair.diagnosis.margins import PATHA_DIR, PATHB_DIR
 from repair.cli import run_script
-from repair.diagnosis_stages import print_summary, run_pathB
+from repair.diagnosis.stages import print_summary, run_pathB
 from repair.runtime import pick_device, setup_logging
 
 

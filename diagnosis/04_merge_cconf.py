@@ -18,9 +18,9 @@ import os
 from pathlib import Path
 
 
-from repair.diagnosis import MERGE_DIR, PATHA_DIR, PATHB_DIR
+from repair.diagnosis.margins import MERGE_DIR, PATHA_DIR, PATHB_DIR
 from repair.cli import run_script
-from repair.diagnosis_stages import print_summary, run_merge
+from repair.diagnosis.stages import print_summary, run_merge
 from repair.runtime import setup_logging
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 from repair.cli import run_script
-from repair.confused_tuples import confused_query_tuples
+from repair.diagnosis.confused_tuples import confused_query_tuples
 from repair.data import write_json, write_jsonl
 from repair.runtime import setup_logging
 

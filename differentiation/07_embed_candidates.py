@@ -20,7 +20,7 @@ import json
 
 
 from repair.cli import add_retriever_args, run_script
-from repair.embedding_dir import EmbedConfig, launch_embedding
+from repair.differentiation.embedding_dir import EmbedConfig, launch_embedding
 from repair.runtime import setup_logging
 
 

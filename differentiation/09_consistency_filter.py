@@ -21,11 +21,11 @@ from pathlib import Path
 
 from repair.cli import run_script
 from repair.data import write_json, write_jsonl
-from repair.embedding_dir import EmbeddingDir
-from repair.hard_negatives import check_kappa, consistency_filter
+from repair.differentiation.embedding_dir import EmbeddingDir
+from repair.differentiation.hard_negatives import check_kappa, consistency_filter
 from repair.runtime import setup_logging
 from repair.tables import text_table
-from repair.tuples import load_tuples
+from repair.differentiation.tuples import load_tuples
 
 
 def parse_args(argv=None) -> argparse.Namespace:

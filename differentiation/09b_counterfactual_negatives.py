@@ -31,10 +31,10 @@ import sys
 
 
 from repair.cli import fail, run_script
-from repair.generation import add_generator_args, generator_from_args
-from repair.causalneg.generate import POSITIONS, GenerationSettings
-from repair.causalneg.inputs import CorpusNegatives, load_items
-from repair.causalneg.pipeline import CONFIGS, METHODS, MINED_FROM, run_negatives
+from repair.expansion.generation import add_generator_args, generator_from_args
+from repair.differentiation.causalneg.generate import POSITIONS, GenerationSettings
+from repair.differentiation.causalneg.inputs import CorpusNegatives, load_items
+from repair.differentiation.causalneg.pipeline import CONFIGS, METHODS, MINED_FROM, run_negatives
 from repair.runtime import setup_logging
 from repair.tables import text_table
 

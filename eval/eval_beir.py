@@ -10,7 +10,7 @@ from __future__ import annotations
 
 
 
-from repair.evaluation_cli import main as eval_task_main
+from repair.evaluation.cli import main as eval_task_main
 from repair.cli import run_script
 
 

@@ -3,7 +3,7 @@
 
 Each --data entry is PATH (task inferred from the folder/file name: biosses -> sts, mesh -> mesh,
 icliniq/chemlit -> qa, relish -> relish, anything else -> ir), TASK:PATH, or NAME:TASK:PATH (NAME picks the
-instruction from repair/instructions.py). Every path is checked before the model loads; a missing one stops
+instruction from repair/evaluation/instructions.py). Every path is checked before the model loads; a missing one stops
 the run with a message saying where that benchmark comes from (or is skipped with --skip_missing).
 Prints one JSON line per dataset, then a table; --output gets {model..., "results": [...], "summary":
 {dataset: headline}} after every dataset, so an interrupted run keeps what it finished (and the embedding
@@ -18,10 +18,10 @@ import json
 import logging
 
 
-from repair.benchmarks import check_dataset, parse_dataset_spec
+from repair.evaluation.benchmarks import check_dataset, parse_dataset_spec
 from repair.cli import add_retriever_args, fail, load_retriever, model_fields, run_script
 from repair.data import write_json
-from repair.evaluation import STS_FORMATS, evaluate_dataset, results_table, scale_metrics
+from repair.evaluation.evaluate import STS_FORMATS, evaluate_dataset, results_table, scale_metrics
 from repair.runtime import setup_logging
 
 logger = logging.getLogger("eval_suite")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from repair.cli import run_script
 from repair.models import adapter_base
-from repair.report import (
+from repair.evaluation.report import (
     ReportError,
     collect,
     counts_table,

@@ -23,8 +23,8 @@ from pathlib import Path
 
 
 from repair.cli import run_script
-from repair.driver_steps import StepFailed, StepRunner
-from repair.expansion_rounds import SOURCES, ExpansionRounds, run_expansion_rounds
+from repair.driver.steps import StepFailed, StepRunner
+from repair.driver.expansion_rounds import SOURCES, ExpansionRounds, run_expansion_rounds
 
 QUERY_FORM_SETTINGS = ("title", "generated", "t0")
 

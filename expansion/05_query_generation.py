@@ -19,11 +19,11 @@ import sys
 
 
 from repair.cli import fail, run_script
-from repair.generation import (add_generator_args, add_sampling_args, generator_from_args,
+from repair.expansion.generation import (add_generator_args, add_sampling_args, generator_from_args,
                                sampling_from_args)
-from repair.query_generation import Grounder, generate_queries, generation_summary, read_concepts
+from repair.expansion.query_generation import Grounder, generate_queries, generation_summary, read_concepts
 from repair.runtime import setup_logging
-from repair.sources import SourceError, make_cache
+from repair.expansion.sources import SourceError, make_cache
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -67,11 +67,11 @@ def build_grounder(args: argparse.Namespace) -> Grounder:
     cache = make_cache(args.cache_dir)
     pubchem = mp = None
     if args.grounding in ("pubchem", "both"):
-        from repair.sources.pubchem import PubChem
+        from repair.expansion.sources.pubchem import PubChem
 
         pubchem = PubChem(args.pubchem_url, cache=cache, timeout=args.timeout)
     if args.grounding in ("mp", "both"):
-        from repair.sources.materials_project import MaterialsProject
+        from repair.expansion.sources.materials_project import MaterialsProject
 
         mp = MaterialsProject(args.mp_url, key_file=args.mp_key_file, cache=cache, timeout=args.timeout)
     return Grounder(pubchem, mp)

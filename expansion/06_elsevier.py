@@ -11,7 +11,7 @@ from __future__ import annotations
 
 
 from repair.cli import run_script
-from repair.expansion_cli import verification_main
+from repair.expansion.cli import verification_main
 
 if __name__ == "__main__":
     run_script(lambda argv: verification_main("elsevier", argv))

@@ -26,10 +26,10 @@ import sys
 
 from repair.cli import run_script
 from repair.data import load_seed
-from repair.generation import (add_generator_args, add_sampling_args, generator_from_args,
+from repair.expansion.generation import (add_generator_args, add_sampling_args, generator_from_args,
                                sampling_from_args)
 from repair.runtime import setup_logging
-from repair.t0_style import T0_ON_FAILURE, T0_STYLES, rewrite_t0_style
+from repair.expansion.t0_style import T0_ON_FAILURE, T0_STYLES, rewrite_t0_style
 
 
 def parse_args(argv=None) -> argparse.Namespace:

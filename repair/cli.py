@@ -15,11 +15,11 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 
-from .models import DEFAULT_MODEL
-from .runtime import cache_dir_flag, cache_root
+from repair.models import DEFAULT_MODEL
+from repair.runtime import cache_dir_flag, cache_root
 
 if TYPE_CHECKING:
-    from .encoding import Retriever
+    from repair.encoding import Retriever
 
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "REPAIR_DEBUG"
@@ -27,8 +27,8 @@ DEBUG_ENV = "REPAIR_DEBUG"
 # so that this module imports none of them (an exception of a module never imported cannot have been raised).
 USER_ERROR_CLASSES = (
     ("repair.data", "DataError"),                  # malformed input file (names file, line, field)
-    ("repair.diagnosis", "RunMismatchError"),      # a stage's input comes from another run / percentile
-    ("repair.sources.http", "SourceError"),        # an external service refused (bad key, quota)
+    ("repair.diagnosis.margins", "RunMismatchError"),      # a stage's input comes from another run / percentile
+    ("repair.expansion.sources.http", "SourceError"),        # an external service refused (bad key, quota)
     ("repair.models", "ModelError"),               # a model name that resolves to nothing
 )
 
@@ -70,7 +70,7 @@ def embedding_cache_dir(value: str | None) -> Path | None:
 
 def load_retriever(args: argparse.Namespace) -> Retriever:
     """The retriever the model flags describe (an adapter folder given as ``--model`` loads on its base)."""
-    from .encoding import Retriever
+    from repair.encoding import Retriever
 
     return Retriever.load(args.model, args.adapter, pooling=args.pooling, max_length=args.max_length,
                           device=args.device, cache_dir=embedding_cache_dir(args.cache_dir),

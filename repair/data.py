@@ -31,6 +31,10 @@ logger = logging.getLogger(__name__)
 QUERY_KEYS = ("paper_Title", "query", "question")
 PASSAGE_KEYS = ("paper_abstract", "passage", "positive", "abstract", "text")
 LIST_CONTAINERS = ("data", "items", "records", "examples")
+# The two values of a triplet's ``negative_sources`` (SCHEMAS.md): every stage that reads or writes triplets
+# (08/09, CausalNeg's 09b, the trainer's data and QEM loss) must agree on them, so the file contract owns them.
+MINED, GENERATED = "mined", "generated"
+NEGATIVE_SOURCES = (MINED, GENERATED)
 
 
 class DataError(ValueError):

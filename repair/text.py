@@ -1,5 +1,5 @@
-"""Small text helpers shared by query cleaning (generation), keyword queries (Elsevier) and the "same text" key of
-query cleaning and CausalNeg."""
+"""Small text helpers shared by query cleaning (generation), keyword queries (Elsevier), the "same text" key of
+query cleaning and CausalNeg, and the prompt clipping of every generating step (06c, 09b)."""
 
 from __future__ import annotations
 
@@ -23,3 +23,12 @@ def word_key(text: str) -> str:
     """A text's lowercased words (``\\w+``) joined by single spaces: two texts with the same key are the same text
     up to case, punctuation and spacing (a query echoing its prompt; a generated negative copying a positive)."""
     return " ".join(re.findall(r"\w+", text.lower()))
+
+
+def clip_text(text: str, max_chars: int) -> str:
+    """Cut a long text at a word boundary (prompt budget for small-context generators)."""
+    text = " ".join(text.split())
+    if len(text) <= max_chars:
+        return text
+    cut = text[:max_chars].rsplit(" ", 1)[0]
+    return cut + " ..."

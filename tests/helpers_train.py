@@ -33,8 +33,8 @@ def write_jsonl(path: Path, rows: list[dict]) -> str:
 def mean_loss(retriever, data, cfg, batch_size: int) -> float:
     """The training objective (InfoNCE + QEM) over ``data`` in eval mode (no dropout), in fixed consecutive batches:
     a yardstick independent of the shuffled training order (the trainer itself never needs it)."""
-    from repair.losses import contrastive_objective
-    from repair.train_data import build_layout
+    from repair.training.losses import contrastive_objective
+    from repair.training.data import build_layout
 
     retriever.model.eval()
     total, count = 0.0, 0
@@ -52,7 +52,7 @@ def mean_loss(retriever, data, cfg, batch_size: int) -> float:
 
 def mixed_examples():
     """Six examples with uneven numbers of mined / generated negatives and one duplicated positive."""
-    from repair.train_data import TrainExample
+    from repair.training.data import TrainExample
 
     rows = synthetic_pairs(6, seed=3)
     ex = [TrainExample(r["query"], r["positive"]) for r in rows]
@@ -65,8 +65,8 @@ def mixed_examples():
 def lora_retriever(model_dir: str | Path, dropout: float = 0.0, checkpointing: str = "off", seed: int = 0):
     """A LoRA retriever on the tiny model with random (non-zero) A and B, so every LoRA weight gets gradient."""
     from repair.runtime import set_seed
-    from repair.train import build_retriever
-    from repair.train_config import TrainConfig
+    from repair.training.trainer import build_retriever
+    from repair.training.config import TrainConfig
 
     set_seed(seed)
     cfg = TrainConfig(output_dir="unused", model=str(model_dir), lora_dropout=dropout, init_lora_weights=False,
@@ -81,7 +81,7 @@ def lora_grads(retriever) -> dict[str, torch.Tensor]:
 
 
 def objective(layout, temperature=0.05, qem_lambda=0.1, qem_tau=0.1):
-    from repair.losses import contrastive_objective
+    from repair.training.losses import contrastive_objective
 
     return lambda q, d: contrastive_objective(q, d, layout.targets, temperature, qem_lambda, qem_tau)
 
@@ -91,8 +91,8 @@ def ddp_worker(rank: int, world: int, init_file: str, model_dir: str, out_dir: s
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        from repair.gradcache import allreduce_gradients, contrastive_step
-        from repair.train_data import build_layout
+        from repair.training.gradcache import allreduce_gradients, contrastive_step
+        from repair.training.data import build_layout
 
         examples = mixed_examples()[:5]  # 5 queries over 2 ranks: 3 + 2, uneven documents too
         positives_of = {}

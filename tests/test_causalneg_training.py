@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from repair.data import read_jsonl, write_jsonl
-from repair.causalneg.dynamics import probe_run, read_train_log, weight_dynamics
-from repair.causalneg.generate import GenerationSettings
-from repair.causalneg.inputs import CorpusNegatives, load_items
-from repair.causalneg.pipeline import CONFIGS, run_negatives
-from repair.train import train
-from repair.train_config import TrainConfig
+from repair.training.causalneg_dynamics import probe_run, read_train_log, weight_dynamics
+from repair.differentiation.causalneg.generate import GenerationSettings
+from repair.differentiation.causalneg.inputs import CorpusNegatives, load_items
+from repair.differentiation.causalneg.pipeline import CONFIGS, run_negatives
+from repair.training.trainer import train
+from repair.training.config import TrainConfig
 from tests.helpers_sources import FakeServer, openai_route
 from tests.test_negatives import _scripted_reply
 
@@ -32,7 +32,7 @@ def causalneg_triplets(tmp_path_factory) -> Path:
     items, _ = load_items(TINY, "train")
     corpus = CorpusNegatives(TINY, index_dir=folder / "idx")
     with FakeServer(openai_route(_scripted_reply(), model="served")) as srv:
-        from repair.generation import OpenAIGenerator
+        from repair.expansion.generation import OpenAIGenerator
 
         run_negatives(items[:8], folder / "causalneg.jsonl", CONFIGS["causalneg"], generator=OpenAIGenerator(
             srv.url + "/v1"), corpus=corpus, num_mined=2, settings=GenerationSettings(k=2, max_retries=1),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from repair.ccs import compute_ccs, merge_cconf, negatives_of, referenced_docs
-from repair.concepts import RegexExtractor, extract_concepts, extract_typed
+from repair.diagnosis.ccs import compute_ccs, merge_cconf, negatives_of, referenced_docs
+from repair.diagnosis.concepts import RegexExtractor, extract_concepts, extract_typed
 
 # ------------------------------------------------------------------------------------------ extractor
 EXPECTED = [

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from repair import diagnosis as dg
-from repair.confused_tuples import SOURCE, confused_query_tuples
+from repair.diagnosis import margins as dg
+from repair.diagnosis.confused_tuples import SOURCE, confused_query_tuples
 from repair.data import read_jsonl, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]

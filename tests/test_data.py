@@ -212,7 +212,7 @@ def test_appender_cuts_partial_line_from_killed_writer(tmp_path):
 def test_resume_readers_skip_a_partial_last_line_and_never_truncate(tmp_path):
     """What a killed (or still running) writer left: every resume reader skips the half line and leaves the file
     as it is (a reader may run while 06 appends); the appender cuts it when the stage resumes."""
-    from repair.verification import count_valid, read_status
+    from repair.expansion.verification import count_valid, read_status
 
     whole = '{"id": "a", "status": "ok"}\n{"id": "b", "status": "no_hits"}\n'
     status = tmp_path / "exp.jsonl.status.jsonl"
@@ -241,7 +241,7 @@ def test_file_sha256_streams_blocks_and_versions_with_a_prefix(tmp_path):
 
 def test_beir_slice_keeps_every_chosen_positive_and_is_seeded(tmp_path):
     """The study subsets and demo slices: answerable claims, T0 with one positive, same seed -> same folder."""
-    from repair.beir_slice import write_beir_slice
+    from repair.evaluation.beir_slice import write_beir_slice
 
     src = tmp_path / "src"
     (src / "qrels").mkdir(parents=True)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from repair import diagnosis as dg
+from repair.diagnosis import margins as dg
 from repair.data import DataError
 
 S = np.array([

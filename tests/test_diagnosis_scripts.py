@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 import torch
 
-from repair import diagnosis as dg
-from repair import diagnosis_stages as st
+from repair.diagnosis import margins as dg
+from repair.diagnosis import stages as st
 from repair.cli import run_script as run_cli_script
-from repair.concepts import extract_concepts
+from repair.diagnosis.concepts import extract_concepts
 from repair.data import load_seed, read_json, read_jsonl
 
 from helpers_diagnosis import build_controlled_ner

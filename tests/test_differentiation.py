@@ -1,6 +1,6 @@
 """Stage III (07-09): ranking, false-negative guard, consistency filter, pools, duplicates, cache, scripts.
 
-Modules: repair.tuples (loading), repair.embedding_dir (step 7), repair.hard_negatives (steps 8 and 9).
+Modules: repair.differentiation.tuples (loading), repair.differentiation.embedding_dir (step 7), repair.differentiation.hard_negatives (steps 8 and 9).
 
 Expected values are worked out by hand on a constructed fixture (every score is chosen, see ``HAND``) or by
 an independent brute-force loop in this file.
@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from repair.data import DataError, read_json, read_jsonl, write_jsonl
-from repair.embedding_dir import (EmbedConfig, EmbeddingDir, embed_candidates, text_sha1, write_embedding_dir,
+from repair.differentiation.embedding_dir import (EmbedConfig, EmbeddingDir, embed_candidates, text_sha1, write_embedding_dir,
                                   write_embedding_meta)
-from repair.hard_negatives import (consistency_filter, false_negative_keep, order_within_groups, positive_rank,
+from repair.differentiation.hard_negatives import (consistency_filter, false_negative_keep, order_within_groups, positive_rank,
                                    select_hard_negatives)
-from repair.tuples import load_tuples
+from repair.differentiation.tuples import load_tuples
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "expansion_tiny.jsonl"
@@ -393,13 +393,13 @@ def test_input_without_tuples_is_an_error(tmp_path):
 def test_step8_empty_result_is_written_with_a_warning(hand, tmp_path, caplog):
     """Tuples whose candidates the false-negative guard removes all: a legitimate empty output, but said aloud."""
     path, tuples, emb = hand
-    with caplog.at_level("WARNING", logger="repair.hard_negatives"):
+    with caplog.at_level("WARNING", logger="repair.differentiation.hard_negatives"):
         records, stats = select_hard_negatives(tuples, emb, fn_margin=1.0)
     assert records == [] and stats["written"] == 0 and stats["no_candidates_after_guard"] == 3
     assert any("no tuple has a negative candidate left" in r.getMessage() and "3 emptied" in r.getMessage()
                for r in caplog.records)
     caplog.clear()
-    with caplog.at_level("WARNING", logger="repair.hard_negatives"):
+    with caplog.at_level("WARNING", logger="repair.differentiation.hard_negatives"):
         records, stats = consistency_filter(tuples, emb, consistency_k=1, top_k=1)
     assert stats["kept"] == 1 and not caplog.records  # something kept: nothing to warn about
 

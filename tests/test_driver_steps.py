@@ -1,4 +1,4 @@
-"""repair.driver_steps' output records: a finished step lists the files it wrote (what a reuse of the run copies),
+"""repair.driver.steps' output records: a finished step lists the files it wrote (what a reuse of the run copies),
 including what a killed first attempt wrote, and nothing it did not write."""
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import sys
 import time
 from pathlib import Path
 
-from repair.driver_steps import StepRunner, step_outputs
+from repair.driver.steps import StepRunner, step_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str) -> None:
     """The calls run_repair.sh's step() makes."""
-    subprocess.run([sys.executable, "-m", "repair.driver_steps", *args], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-m", "repair.driver.steps", *args], check=True, cwd=ROOT)
 
 
 def test_a_step_records_its_files_across_a_killed_attempt_and_nothing_else(tmp_path):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from repair.encoding import Retriever
-from repair.instructions import instruction_for
+from repair.evaluation.instructions import instruction_for
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = {

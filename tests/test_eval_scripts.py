@@ -18,8 +18,8 @@ import pytest
 
 from repair.data import load_beir
 from repair.encoding import Retriever
-from repair.evaluation import load_sts_pairs
-from repair.instructions import instruction_for
+from repair.evaluation.evaluate import load_sts_pairs
+from repair.evaluation.instructions import instruction_for
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures" / "eval"

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from repair.data import DataError, load_beir
-from repair.benchmarks import DataNotFound, DatasetSpec, check_dataset, infer_task, parse_dataset_spec
-from repair.evaluation import PROFILES, evaluate_dataset, load_sts_pairs, pair_cosines, results_table, scale_metrics
-from repair.instructions import instruction_for
+from repair.evaluation.benchmarks import DataNotFound, DatasetSpec, check_dataset, infer_task, parse_dataset_spec
+from repair.evaluation.evaluate import PROFILES, evaluate_dataset, load_sts_pairs, pair_cosines, results_table, scale_metrics
+from repair.evaluation.instructions import instruction_for
 from repair.metrics import evaluate_run
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "eval"

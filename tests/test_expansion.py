@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from repair.data import DataError, read_jsonl
-from repair.concept_search import concept_groups_to_tuples, run_concept_mode
-from repair.expansion_cli import verification_main
-from repair.query_generation import Grounder, read_concepts
-from repair.sources import AuthError
-from repair.sources.base import Paper
-from repair.sources.local_corpus import LocalCorpus
-from repair.sources.semantic_scholar import SemanticScholar
-from repair.verification import count_valid, read_status, run_verification, verify_hits
+from repair.expansion.concept_search import concept_groups_to_tuples, run_concept_mode
+from repair.expansion.cli import verification_main
+from repair.expansion.query_generation import Grounder, read_concepts
+from repair.expansion.sources import AuthError
+from repair.expansion.sources.base import Paper
+from repair.expansion.sources.local_corpus import LocalCorpus
+from repair.expansion.sources.semantic_scholar import SemanticScholar
+from repair.expansion.verification import count_valid, read_status, run_verification, verify_hits
 from tests.helpers_generation import build_tiny_causal
 from tests.helpers_sources import (FakeServer, Reply, mp_route, openai_route, pubchem_route, s2_paper, s2_route)
 
@@ -170,7 +170,7 @@ def test_4xx_is_refused_once_and_an_overlong_query_is_capped(tmp_path):
     """A 4xx other than 429/401/403 is permanent: recorded as "refused", counted, never asked again by --resume.
     A 200,000-character "query" (a broken 05 line) goes out capped at MAX_QUERY_CHARS: before, it went out
     whole as a URL, got 414 and was retried on every resume."""
-    from repair.sources.base import MAX_QUERY_CHARS
+    from repair.expansion.sources.base import MAX_QUERY_CHARS
 
     long_query = "graphene mobility " + "filler " * 30_000
     gen = tmp_path / "gen.jsonl"
@@ -372,7 +372,7 @@ def test_05_openai_backend_with_grounding(tmp_path, monkeypatch):
 def test_grounder_records_failures_and_turns_off_a_rejected_source():
     class Broken:
         def ground(self, name):
-            from repair.sources import AuthError
+            from repair.expansion.sources import AuthError
             raise AuthError("materials_project", 401, "access refused")
 
     class Found:

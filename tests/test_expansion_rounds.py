@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from repair.data import read_jsonl
-from repair.expansion_rounds import ExpansionRounds
-from repair.verification import count_valid
+from repair.driver.expansion_rounds import ExpansionRounds
+from repair.expansion.verification import count_valid
 from tests.helpers_sources import FakeServer, openai_route
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from repair.finch import canonical_labels, cluster_means, components, finch, first_neighbours
+from repair.diagnosis.finch import canonical_labels, cluster_means, components, finch, first_neighbours
 
 
 def unit(deg: float) -> list[float]:

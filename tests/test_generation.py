@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from repair.generation import HFGenerator, OpenAIGenerator
-from repair.query_generation import build_prompt, clean_query, describe_attributes
+from repair.expansion.generation import HFGenerator, OpenAIGenerator
+from repair.expansion.query_generation import build_prompt, clean_query, describe_attributes
 from tests.helpers_generation import build_tiny_causal
 from tests.helpers_sources import FakeServer, Reply, openai_route
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from helpers_train import ddp_worker, lora_grads, lora_retriever, mixed_examples, objective
-from repair.gradcache import contrastive_step, length_chunks
+from repair.training.gradcache import contrastive_step, length_chunks
 from repair.runtime import set_seed
-from repair.train_data import build_layout
+from repair.training.data import build_layout
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -24,7 +24,7 @@ def _positives(examples):
 
 def full_batch_reference(retriever, layout, temperature=0.05, qem_lambda=0.1, qem_tau=0.1):
     """Brute force: every query and every document in one forward pass each, one backward."""
-    from repair.losses import contrastive_objective
+    from repair.training.losses import contrastive_objective
 
     retriever.model.zero_grad(set_to_none=True)
     q = retriever.embed(retriever.collate(retriever.tokenize(retriever.format(layout.queries, "query"))))

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from repair.data import DataError, read_jsonl
-from repair.expansion_cli import verification_main
-from repair.sources.http import ApiClient, KeyPool, SourceError, load_keys
-from repair.verification import read_status
+from repair.expansion.cli import verification_main
+from repair.expansion.sources.http import ApiClient, KeyPool, SourceError, load_keys
+from repair.expansion.verification import read_status
 from tests.helpers_sources import (FakeServer, Reply, elsevier_route, mp_route, openai_route, pubchem_route,
                                    s2_paper, s2_route, scopus_entry)
 
@@ -79,7 +79,7 @@ def test_a_key_that_cannot_go_in_a_header_is_refused_naming_where_not_what(bad, 
     with pytest.raises(DataError, match="demo: key #1 of 1 from the test") as err:  # keys given directly too
         KeyPool([bad], None, "demo", "the test")
     assert "SECRETPART" not in str(err.value)
-    from repair.sources.http import check_key
+    from repair.expansion.sources.http import check_key
 
     assert check_key("sk-Abc_123.~!", "x") == "sk-Abc_123.~!"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from repair.data import DataError
-from repair.sources.local_corpus import LocalCorpus, _tokenize, load_papers
+from repair.expansion.sources.local_corpus import LocalCorpus, _tokenize, load_papers
 
 FIXTURES = Path(__file__).parent / "fixtures" / "expansion"
 PAPERS = FIXTURES / "papers.jsonl"

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from repair.losses import BatchTargets, contrastive_objective, qem_entropy
+from repair.training.losses import BatchTargets, contrastive_objective, qem_entropy
 
 
 def _scores_as_vectors(scores):

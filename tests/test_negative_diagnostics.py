@@ -1,4 +1,4 @@
-"""Negative diagnostics (repair/causalneg/diagnostics.py and dynamics.py, bench/negative_diagnostics.py) on
+"""Negative diagnostics (repair/differentiation/causalneg/diagnostics.py and dynamics.py, bench/negative_diagnostics.py) on
 constructed data whose answers are known by construction: similarity-range overlap, histogram overlap,
 intra-negative diversity, template ratio, HDBSCAN pure-cluster ratio, training-log dynamics, and the exact split of
 the InfoNCE gradient by source."""
@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from repair.encoding import Retriever
-from repair.causalneg.diagnostics import (EmbeddedSet, NegativeSet, diagnose, diagnostics_table, histogram_overlap,
+from repair.differentiation.causalneg.diagnostics import (EmbeddedSet, NegativeSet, diagnose, diagnostics_table, histogram_overlap,
                                           intra_diversity, negative_group, pure_cluster_ratios, range_overlap,
                                           read_negative_sets, template_ratio)
-from repair.causalneg.dynamics import ProbeExample, gradient_probe, probe_examples, probe_gradients, weight_dynamics
+from repair.training.causalneg_dynamics import ProbeExample, gradient_probe, probe_examples, probe_gradients, weight_dynamics
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

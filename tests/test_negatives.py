@@ -1,4 +1,4 @@
-"""CausalNeg negatives (repair/causalneg/, differentiation/09b_counterfactual_negatives.py): prompt building, tolerant
+"""CausalNeg negatives (repair/differentiation/causalneg/, differentiation/09b_counterfactual_negatives.py): prompt building, tolerant
 parsing of recorded generator outputs (malformed ones included), stage-2 planning, corpus baselines with positives
 excluded, the whole step against a real OpenAI-compatible HTTP server (retries, failures counted, traces, resume,
 reuse of generations) and against a tiny random local model that only writes garbage."""
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from repair.causalneg.generate import GenerationSettings, GenerationStats, generate_negatives, plan_perturbations
-from repair.causalneg.inputs import CorpusNegatives, item_key, load_items
-from repair.causalneg.parsing import clean_passage, parse_requirements
-from repair.causalneg.pipeline import CONFIGS, augmented_keys, run_negatives
-from repair.causalneg.prompts import PERTURBATIONS, build_decompose_prompt, build_vanilla_prompt, build_write_prompt
+from repair.differentiation.causalneg.generate import GenerationSettings, GenerationStats, generate_negatives, plan_perturbations
+from repair.differentiation.causalneg.inputs import CorpusNegatives, item_key, load_items
+from repair.differentiation.causalneg.parsing import clean_passage, parse_requirements
+from repair.differentiation.causalneg.pipeline import CONFIGS, augmented_keys, run_negatives
+from repair.differentiation.causalneg.prompts import PERTURBATIONS, build_decompose_prompt, build_vanilla_prompt, build_write_prompt
 from repair.data import DataError, load_beir, read_jsonl
 from tests.helpers_generation import build_tiny_causal
 from tests.helpers_sources import FakeServer, openai_route
@@ -386,7 +386,7 @@ def test_causalneg_step_over_http_traces_retries_failures_and_resume(tmp_path, c
 def test_mixture_reuses_vanilla_generations(tmp_path, corpus):
     items, _ = load_items(TINY, "train")
     with FakeServer(openai_route(_scripted_reply(), model="served")) as srv:
-        from repair.generation import OpenAIGenerator
+        from repair.expansion.generation import OpenAIGenerator
 
         gen = OpenAIGenerator(srv.url + "/v1")
         settings = GenerationSettings(k=2)
@@ -435,7 +435,7 @@ def test_resume_skips_a_partial_last_line_but_names_a_corrupt_one(tmp_path, corp
 # ---------------------------------------------------------------------------------------------- a real (tiny) model
 def test_tiny_local_model_garbage_is_counted_and_survived(tmp_path):
     """A random-weight causal LM writes garbage: every output is rejected, retried, counted; lines still come out."""
-    from repair.generation import HFGenerator
+    from repair.expansion.generation import HFGenerator
 
     model_dir = build_tiny_causal(tmp_path / "tiny_causal")
     items, _ = load_items(TINY, "train")
@@ -474,12 +474,12 @@ def _loaded_by(module: str) -> set[str]:
 
 
 def test_causalneg_package_rooms_and_layering():
-    """repair/causalneg/ holds one idea per module (each with a docstring, under 500 lines) in place of the old
+    """repair/differentiation/causalneg/ holds one idea per module (each with a docstring, under 500 lines) in place of the old
     1,081-line repair/negatives.py; the step needs neither torch nor the trainer, only ``dynamics`` reaches the
     trainer, and the trainer's data layer takes the source names from the package root alone (one definition)."""
-    import repair.losses
-    import repair.train_data
-    from repair.causalneg import GENERATED, MINED, NEGATIVE_SOURCES
+    import repair.training.losses
+    import repair.training.data
+    from repair.differentiation.causalneg import GENERATED, MINED, NEGATIVE_SOURCES
 
     modules = sorted((ROOT / "repair" / "causalneg").glob("*.py"))
     assert [m.stem for m in modules] == ["__init__", "diagnostics", "dynamics", "generate", "inputs", "parsing",
@@ -488,9 +488,9 @@ def test_causalneg_package_rooms_and_layering():
         text = path.read_text(encoding="utf-8")
         assert len(text.splitlines()) < 500 and ast.get_docstring(ast.parse(text)), path
     assert not any((ROOT / "repair" / old).exists() for old in ("negatives.py", "negative_diagnostics.py"))
-    step = _loaded_by("repair.causalneg.pipeline")
-    assert "torch" not in step and "repair.train" not in step and "repair.causalneg.diagnostics" not in step
-    assert "repair.train" not in _loaded_by("repair.causalneg.diagnostics")
-    assert {m for m in _loaded_by("repair.train_data") if m.startswith("repair.causalneg")} == {"repair.causalneg"}
+    step = _loaded_by("repair.differentiation.causalneg.pipeline")
+    assert "torch" not in step and "repair.training.trainer" not in step and "repair.differentiation.causalneg.diagnostics" not in step
+    assert "repair.training.trainer" not in _loaded_by("repair.differentiation.causalneg.diagnostics")
+    assert {m for m in _loaded_by("repair.training.data") if m.startswith("repair.differentiation.causalneg")} == {"repair.differentiation.causalneg"}
     assert (MINED, GENERATED) == NEGATIVE_SOURCES == ("mined", "generated")
-    assert repair.train_data.SOURCES is NEGATIVE_SOURCES and not hasattr(repair.losses, "SOURCES")
+    assert repair.training.data.SOURCES is NEGATIVE_SOURCES and not hasattr(repair.training.losses, "SOURCES")

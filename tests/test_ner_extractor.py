@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from repair.concepts import TokenClassificationExtractor, bio_spans, split_sentences, vote
+from repair.diagnosis.concepts import TokenClassificationExtractor, bio_spans, split_sentences, vote
 
 from helpers_diagnosis import build_controlled_ner, build_random_ner
 

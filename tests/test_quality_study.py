@@ -262,8 +262,8 @@ def test_every_lever_row_is_a_valid_driver_configuration_sharing_from_a_known_ro
     accepts the values on a real T0 folder (a typo would only surface an hour into a study run), and a row that
     copies stages names a step and another lever row that exists."""
     from repair.models import ALIASES
-    from repair.settings import resolve, validate
-    from repair.settings_table import SETTINGS
+    from repair.driver.settings import resolve, validate
+    from repair.driver.settings_table import SETTINGS
 
     study = load_study()
     known = {s.name for s in SETTINGS}

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from repair.data import DataError, load_seed, read_jsonl
-from repair.expansion_cli import verification_main
-from repair.generation import HFGenerator
-from repair.query_generation import clean_query, shared_content_words
-from repair.sources.local_corpus import LocalCorpus
-from repair.t0_style import (build_t0_style_prompt, draw_t0_examples, query_style, rewrite_t0_style, t0_max_words,
+from repair.expansion.cli import verification_main
+from repair.expansion.generation import HFGenerator
+from repair.expansion.query_generation import clean_query, shared_content_words
+from repair.expansion.sources.local_corpus import LocalCorpus
+from repair.expansion.t0_style import (build_t0_style_prompt, draw_t0_examples, query_style, rewrite_t0_style, t0_max_words,
                              t0_query_style)
-from repair.verification import VerificationStats, read_status, run_verification
+from repair.expansion.verification import VerificationStats, read_status, run_verification
 from tests.helpers_generation import build_tiny_causal
 from tests.helpers_sources import FakeServer, Reply, openai_route, s2_paper, s2_route
 

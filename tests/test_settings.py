@@ -1,4 +1,4 @@
-"""The driver's settings (repair/settings.py): every value checked up front with a message naming the setting,
+"""The driver's settings (repair/driver/settings.py): every value checked up front with a message naming the setting,
 profiles below the environment, and the record that makes a rerun with other settings refuse instead of
 silently skipping every step. Real files only (profile files, BEIR folders, run folders in tmp_path)."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from repair.data import PASSAGE_KEYS
-from repair.settings import (
+from repair.driver.settings import (
     RECORD_FILE,
     SettingsError,
     check_and_record,
@@ -211,7 +211,7 @@ def test_help_lists_profiles_and_their_real_values():
 
 def test_the_driver_check_needs_no_torch_and_prints_shell_assignments(tmp_path):
     code = ("import sys, runpy; sys.argv = ['x', 'resolve', '--no_record']; "
-            "import repair.settings as s; rc = s.main(sys.argv[1:]); "
+            "import repair.driver.settings as s; rc = s.main(sys.argv[1:]); "
             "print('TORCH', 'torch' in sys.modules, file=sys.stderr); sys.exit(rc)")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "TRAIN_DATA": str(TINY), "OUT_DIR": str(tmp_path / "r"),
            "CN_EXTRA": "--temperature 0.7 --note 'it''s'"}
@@ -228,7 +228,7 @@ def test_the_driver_check_needs_no_torch_and_prints_shell_assignments(tmp_path):
 def test_resolve_sizes_t0_and_stops_on_a_malformed_t0(tmp_path):
     """The driver takes |T0| from ``resolve`` (no python -c in bash); a malformed T0 stops it there, in a second."""
     def run(env: dict[str, str]) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "repair.settings", "resolve", "--root", str(ROOT), "--no_record"],
+        return subprocess.run([sys.executable, "-m", "repair.driver.settings", "resolve", "--root", str(ROOT), "--no_record"],
                               env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, cwd=ROOT)
 
     good = run({"TRAIN_DATA": str(TINY), "OUT_DIR": str(tmp_path / "run")})
@@ -259,7 +259,7 @@ def test_t0_steps_is_the_trainers_count_of_epochs_over_t0():
     """ITER_STEPS=t0's budget comes out of the settings as T0_STEPS: EPOCHS passes over T0 at GLOBAL_BATCH, the last
     batch of each pass short (the tiny T0's 16 pairs at 5: 4 steps a pass), as the trainer counts its own epochs."""
     env = {**os.environ, "TRAIN_DATA": str(TINY), "EPOCHS": "3", "GLOBAL_BATCH": "5"}
-    out = subprocess.run([sys.executable, "-m", "repair.settings", "resolve", "--root", str(ROOT), "--no_record"],
+    out = subprocess.run([sys.executable, "-m", "repair.driver.settings", "resolve", "--root", str(ROOT), "--no_record"],
                          env=env, capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     values = dict(line.split("=", 1) for line in out.stdout.splitlines())

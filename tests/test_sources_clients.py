@@ -16,11 +16,11 @@ from typing import Any, Callable
 
 import pytest
 
-from repair.sources import AuthError, QuotaExceeded, ResponseCache, SourceError
-from repair.sources.elsevier import ElsevierScopus, keyword_queries
-from repair.sources.materials_project import MaterialsProject, looks_like_formula
-from repair.sources.pubchem import PubChem
-from repair.sources.semantic_scholar import SemanticScholar
+from repair.expansion.sources import AuthError, QuotaExceeded, ResponseCache, SourceError
+from repair.expansion.sources.elsevier import ElsevierScopus, keyword_queries
+from repair.expansion.sources.materials_project import MaterialsProject, looks_like_formula
+from repair.expansion.sources.pubchem import PubChem
+from repair.expansion.sources.semantic_scholar import SemanticScholar
 from tests.helpers_sources import (FakeServer, Reply, elsevier_route, mp_route, pubchem_route, s2_paper, s2_route,
                                    scopus_entry)
 

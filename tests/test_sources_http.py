@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from repair.sources.cache import ResponseCache
-from repair.sources.http import ApiClient, KeyPool, RateLimiter, SourceError, load_keys, retry_after_seconds, scrub
+from repair.expansion.sources.cache import ResponseCache
+from repair.expansion.sources.http import ApiClient, KeyPool, RateLimiter, SourceError, load_keys, retry_after_seconds, scrub
 from tests.helpers_sources import FakeServer, Reply
 
 SECRET = "sk-live-PLANTED-0123456789abcdef"

@@ -4,10 +4,10 @@ Markdown of report.md and diagnostics.md)."""
 
 from __future__ import annotations
 
-from repair.evaluation import results_table
-from repair.report import counts_table, time_table
+from repair.evaluation.evaluate import results_table
+from repair.evaluation.report import counts_table, time_table
 from repair.tables import markdown_table, text_table
-from repair.train_data import SourceStats, TrainingData, stats_table
+from repair.training.data import SourceStats, TrainingData, stats_table
 
 
 def test_key_value_table_of_the_scripts():

@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from helpers_train import mean_loss, synthetic_pairs, write_jsonl
 from repair.data import DataError, read_json, read_jsonl
 from repair.encoding import Retriever
-from repair.train import list_checkpoints, train, training_finished, uses_activation_checkpointing
-from repair.train_config import CAUSALNEG_QEM_LAMBDA, TrainConfig
-from repair.train_data import load_training_data
+from repair.training.trainer import list_checkpoints, train, training_finished, uses_activation_checkpointing
+from repair.training.config import CAUSALNEG_QEM_LAMBDA, TrainConfig
+from repair.training.data import load_training_data
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "training" / "10_train_lora.py"
@@ -393,7 +393,7 @@ def test_training_defaults_are_written_once_and_qem_is_causalneg_only():
     computes per NEGATIVES) read it, so they cannot drift apart. QEM is off by default (REPAIR's training is plain
     InfoNCE) and CausalNeg's 0.1 is what the driver passes for NEGATIVES=causalneg."""
     from repair.models import DEFAULT_MODEL
-    from repair.settings import resolve
+    from repair.driver.settings import resolve
 
     cfg = TrainConfig(output_dir="out")
     assert cli_config(["--output_dir", "out"]) == cfg

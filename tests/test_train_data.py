@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from repair.data import DataError
-from repair.train_data import (TrainExample, build_layout, epoch_order, load_training_data, split_counts,
+from repair.training.data import (TrainExample, build_layout, epoch_order, load_training_data, split_counts,
                                stats_table)
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from repair.data import read_jsonl
-from repair.expansion_cli import verification_main
-from repair.verification import read_status
+from repair.expansion.cli import verification_main
+from repair.expansion.verification import read_status
 from tests.helpers_sources import FakeServer, Reply, s2_paper, s2_route
 
 FIX = Path(__file__).parent / "fixtures" / "expansion"

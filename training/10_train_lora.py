@@ -24,8 +24,8 @@ import os
 
 from repair.cli import add_retriever_args, run_script
 from repair.runtime import process_group, setup_logging
-from repair.train import train
-from repair.train_config import BASE_DTYPES, CAUSALNEG_QEM_LAMBDA, TrainConfig
+from repair.training.trainer import train
+from repair.training.config import BASE_DTYPES, CAUSALNEG_QEM_LAMBDA, TrainConfig
 
 D = TrainConfig.__dataclass_fields__
 

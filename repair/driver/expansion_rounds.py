@@ -1,0 +1,132 @@
+"""The driver's Stage II: 05 -> 06 rounds until the run has its valid tuples or runs out of rounds.
+
+Round ``r`` asks 05 for ``r x gen_round`` queries in all (the file grows by one round's worth, ids stable) and 06
+verifies the new ones (``--resume``), until :func:`repair.expansion.verification.count_valid` reaches ``target_valid``
+(VALID_FACTOR x |T0|) or ``max_rounds`` rounds have run. Each 05 and each 06 is a driver step
+(:class:`repair.driver.steps.StepRunner`: ``iter{k}.05_generate.r{r}``, ``iter{k}.06_verify.r{r}``, their ``.cmd``
+files, logs and markers), so a killed run resumes the unfinished round and a finished one is skipped; the whole
+stage's marker ``iter{k}.expansion.done`` holds the number of valid tuples.
+
+The driver's settings map to the steps' flags here, not in shell: SOURCE (local | semantic_scholar | elsevier,
+with LOCAL_CORPUS or the key files), QUERY_FORM (``generated`` -> 06 ``--query_form generated``; ``t0`` is a step
+after this one), EXPANSION=0 (skip), FORCE=1 (start the stage over). Separate from 05 and 06 themselves
+(:mod:`repair.expansion.query_generation`, :mod:`repair.expansion.verification`): this module only decides what runs next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from repair.driver.steps import StepRunner, say, step_outputs, write_outputs
+from repair.expansion.verification import count_valid
+
+SOURCES = ("local", "semantic_scholar", "elsevier")
+GENERATE_SCRIPT = "05_query_generation.py"
+SOURCE_SCRIPTS = {"local": "06_local_corpus.py", "semantic_scholar": "06_semantic_scholar.py",
+                  "elsevier": "06_elsevier.py"}
+
+
+@dataclass
+class ExpansionRounds:
+    """One iteration's Stage II, as the driver configures it (paths and settings, no defaults of its own)."""
+
+    iteration: str  # "iter1": the prefix of the step names and of the stage marker
+    concept_txt: Path
+    generated_jsonl: Path
+    out_jsonl: Path
+    gen_round: int
+    max_rounds: int
+    target_valid: int
+    target_k: int
+    seed: int
+    grounding: str
+    query_form: str  # the driver's QUERY_FORM: title | generated | t0
+    source: str  # the driver's SOURCE
+    local_corpus: str = ""
+    s2_key_file: str = ""
+    elsevier_key_file: str = ""
+    generator_flags: list[str] = field(default_factory=list)  # 05's --backend/--model/--adapter/--openai_url
+    device: str = ""
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"SOURCE must be one of {', '.join(SOURCES)}, got {self.source!r}")
+        if self.max_rounds < 1 or self.gen_round < 1:
+            raise ValueError(f"MAX_ROUNDS and GEN_ROUND must be at least 1, got {self.max_rounds} and {self.gen_round}")
+
+    def generate_command(self, python: str, scripts: Path, round_no: int) -> list[str]:
+        """05 for round ``round_no`` (1-based): ``round_no x gen_round`` queries in the file, resumed when it exists."""
+        cmd = [python, str(scripts / GENERATE_SCRIPT), "--concept_txt", str(self.concept_txt), "--out_jsonl",
+               str(self.generated_jsonl), "--num_queries", str(round_no * self.gen_round), "--seed", str(self.seed),
+               "--grounding", self.grounding, *self.generator_flags]
+        if self.generated_jsonl.exists():
+            cmd.append("--resume")
+        if self.device:
+            cmd += ["--device", self.device]
+        return cmd
+
+    def verify_command(self, python: str, scripts: Path) -> list[str]:
+        """06 through SOURCE (its corpus or key file), on everything 05 wrote so far, resumed when it exists."""
+        cmd = [python, str(scripts / SOURCE_SCRIPTS[self.source])]
+        if self.source == "local":
+            cmd += ["--corpus", self.local_corpus]
+        key_file = {"semantic_scholar": self.s2_key_file, "elsevier": self.elsevier_key_file}.get(self.source)
+        if key_file:
+            cmd += ["--key_file", key_file]
+        cmd += ["--generated_jsonl", str(self.generated_jsonl), "--out_jsonl", str(self.out_jsonl), "--target_k",
+                str(self.target_k), "--target_valid", str(self.target_valid)]
+        if self.out_jsonl.exists():
+            cmd.append("--resume")
+        if self.query_form == "generated":
+            cmd += ["--query_form", "generated"]
+        return cmd
+
+    def outputs(self) -> list[Path]:
+        """The stage's files (05's and 06's, with their rounds and status files), what FORCE=1 removes."""
+        found: list[Path] = []
+        for path in (self.generated_jsonl, self.out_jsonl):
+            found += sorted(path.parent.glob(f"{_glob_escape(path.name)}*"))
+        return found
+
+
+def _glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+def run_expansion_rounds(stage: ExpansionRounds, runner: StepRunner, *, python: str, scripts: Path,
+                         enabled: bool = True) -> int | None:
+    """Run (or skip) the stage; return the valid tuples it ended with, None when ``enabled`` is false.
+
+    Raises :class:`repair.driver.steps.StepFailed` when a step fails (the driver stops; a rerun resumes there).
+    """
+    if not enabled:
+        say(f"skip  {stage.iteration}.expansion (EXPANSION=0)")
+        return None
+    marker = runner.marker(f"{stage.iteration}.expansion")
+    if marker.exists() and not runner.force:
+        valid_text = marker.read_text().strip()
+        say(f"skip  {stage.iteration}.expansion (done: {valid_text} valid tuples)")
+        return int(valid_text)
+    if runner.force and marker.exists():
+        for path in stage.outputs():
+            if path.is_file():
+                path.unlink()
+    valid = round_no = 0
+    for round_no in range(1, stage.max_rounds + 1):
+        runner.run(f"{stage.iteration}.05_generate.r{round_no}", stage.generate_command(python, scripts, round_no))
+        runner.run(f"{stage.iteration}.06_verify.r{round_no}", stage.verify_command(python, scripts))
+        valid = count_valid(stage.out_jsonl)
+        say(f"expansion round {round_no}: {valid} / {stage.target_valid} valid tuples")
+        if valid >= stage.target_valid:
+            break
+    if valid < stage.target_valid:
+        say(f"expansion stopped at the round limit ({stage.max_rounds}): {valid} / {stage.target_valid} valid tuples; "
+            "the run goes on with")
+        say("  these (more: raise MAX_ROUNDS or GEN_ROUND, or use a stronger generator; see docs/expansion.md)")
+    # the stage's record (repair.driver.steps): the union of its rounds' step records, as a reused stage takes them all
+    rounds = [f"{stage.iteration}.{step}.r{r}" for r in range(1, round_no + 1) for step in ("05_generate", "06_verify")]
+    write_outputs(runner.state_dir, f"{stage.iteration}.expansion",
+                  sorted({f for name in rounds for f in (step_outputs(runner.state_dir, name) or [])}))
+    marker.write_text(f"{valid}\n")
+    return valid

@@ -1,0 +1,456 @@
+"""Resolving, checking and recording the driver's settings (the table itself: :mod:`repair.driver.settings_table`).
+
+Why in Python: the driver used to check a few settings in bash and let the rest fail minutes into a run
+(``PCT=150`` failed in step 01 after the baseline evaluation), and a rerun in a finished run folder silently
+ignored changed settings. Here each rule is one table entry, tested in ``tests/test_settings.py``, and a check
+takes a fraction of a second (no torch import).
+
+Resolution, highest first: a non-empty environment variable, the profile
+(``PROFILE=demo | demo-tiny | confused | FILE``, ``configs/*.env``; ``DEMO=full|tiny`` is an alias used when
+TRAIN_DATA is unset), the table's default.
+The driver calls ``python -m repair.driver.settings resolve``: it validates everything, reads |T0|, compares with the run
+folder's ``settings.json`` (the settings its finished steps were made with) and prints shell assignments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+from repair.data import write_json
+from repair.driver.settings_table import SETTINGS, Setting
+from repair.training.config import CAUSALNEG_QEM_LAMBDA, TrainConfig, epoch_steps
+
+RECORD_FILE = "settings.json"
+PROFILE_DIR = "configs"
+ROOT_VARIABLE = "REPAIR_ROOT"  # ${REPAIR_ROOT} in a profile value = the repository root
+PROFILE_NOTE_KEY = "ABOUT"  # a profile's one-line description (banner and --help)
+
+BY_NAME = {s.name: s for s in SETTINGS}
+DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+class SettingsError(ValueError):
+    """One or more settings are invalid; ``problems`` holds one message per setting."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass
+class Profile:
+    name: str
+    path: Path
+    values: dict[str, str]
+    lines: dict[str, int]  # setting -> line number in the file, for messages
+    about: str = ""
+
+
+@dataclass
+class Resolved:
+    values: dict[str, str]
+    origin: dict[str, str]  # setting -> "environment" | "<profile file>:<line>" | "default" | "computed"
+    profile: Profile | None
+
+
+# ------------------------------------------------------------------------------------------ profiles
+def profile_names(root: Path) -> list[str]:
+    return sorted(p.stem for p in (root / PROFILE_DIR).glob("*.env"))
+
+
+def read_profile(path: Path, root: Path, name: str | None = None) -> Profile:
+    """``KEY=VALUE`` lines (``#`` comments, optional quotes, ``${REPAIR_ROOT}`` = the repository root).
+
+    Values are literal (no shell evaluation), so a profile is data the driver can check line by line."""
+    values: dict[str, str] = {}
+    lines: dict[str, int] = {}
+    about = ""
+    problems = []
+    for lineno, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        if value[:1] not in ("'", '"'):  # an unquoted value ends at a comment
+            value = value.split(" #", 1)[0].rstrip()
+        if not sep or not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
+            problems.append(f"{path}:{lineno}: expected KEY=VALUE, got {raw!r}")
+            continue
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in ("'", '"'):
+            value = value[1:-1]
+        value = value.replace("${" + ROOT_VARIABLE + "}", str(root)).replace("$" + ROOT_VARIABLE, str(root))
+        if key == PROFILE_NOTE_KEY:
+            about = value
+        elif key not in BY_NAME:
+            problems.append(f"{path}:{lineno}: unknown setting {key!r} (see bash run_repair.sh --help)")
+        else:
+            values[key], lines[key] = value, lineno
+    if problems:
+        raise SettingsError(problems)
+    return Profile(name or path.stem, path, values, lines, about)
+
+
+def choose_profile(environ: Mapping[str, str], root: Path) -> Profile | None:
+    """PROFILE wins; else DEMO (full -> demo, tiny -> demo-tiny) when TRAIN_DATA is unset; else none."""
+    name = environ.get("PROFILE", "")
+    if not name and not environ.get("TRAIN_DATA"):
+        demo = environ.get("DEMO", "") or "full"
+        if demo not in ("full", "tiny"):
+            raise SettingsError([f"DEMO must be full or tiny, got {demo!r}"])
+        name = "demo" if demo == "full" else "demo-tiny"
+    if not name:
+        return None
+    if name in profile_names(root):
+        return read_profile(root / PROFILE_DIR / f"{name}.env", root, name)
+    path = Path(name).expanduser()
+    if not path.is_file():
+        known = " | ".join(profile_names(root))
+        raise SettingsError([f"PROFILE must be {known} or a profile file, got {name!r} (no such file)"])
+    return read_profile(path, root)
+
+
+# ------------------------------------------------------------------------------------------ resolution
+def resolve(environ: Mapping[str, str], root: Path) -> Resolved:
+    """Effective settings: environment (non-empty) > profile > default, then the computed defaults."""
+    profile = choose_profile(environ, root)
+    values: dict[str, str] = {}
+    origin: dict[str, str] = {}
+    for s in SETTINGS:
+        if environ.get(s.name, "") != "":
+            values[s.name], origin[s.name] = environ[s.name], "environment"
+        elif profile and s.name in profile.values:
+            values[s.name], origin[s.name] = profile.values[s.name], f"{profile.path}:{profile.lines[s.name]}"
+        else:
+            values[s.name], origin[s.name] = s.default, "default"
+    computed = {
+        "GEN_MODEL": values["MODEL"],
+        # causalneg trains on every negative of a line with QEM; plain REPAIR on the trainer's own defaults
+        "NUM_HARD_NEG": "-1" if values["NEGATIVES"] == "causalneg" else str(TrainConfig.num_hard_negatives),
+        "QEM_LAMBDA": (str(CAUSALNEG_QEM_LAMBDA) if values["NEGATIVES"] == "causalneg"
+                       else f"{TrainConfig.qem_lambda:g}"),
+        "OPENAI_URL": environ.get("OPENAI_BASE_URL", ""),
+        "LOCAL_CORPUS": "",
+    }
+    train_data = values["TRAIN_DATA"]
+    if values["SOURCE"] == "local" and train_data and Path(train_data).expanduser().is_dir():
+        computed["LOCAL_CORPUS"] = train_data  # the T0 folder's own corpus verifies the generated queries
+    for name, value in computed.items():
+        if values[name] == "":
+            values[name], origin[name] = value, "computed"
+    return Resolved(values, origin, profile)
+
+
+# ------------------------------------------------------------------------------------------ validation
+def _where(resolved: Resolved, name: str) -> str:
+    origin = resolved.origin.get(name, "default")
+    return "" if origin in ("environment", "default", "computed") else f" (from {origin})"
+
+
+def _number(s: Setting, value: str) -> tuple[float | None, str | None]:
+    """Parse an int/float setting and check its range; (value, problem)."""
+    try:
+        number = int(value) if s.kind == "int" else float(value)
+    except ValueError:
+        return None, f"{s.name} must be {'an integer' if s.kind == 'int' else 'a number'}, got {value!r}"
+    if isinstance(number, float) and not math.isfinite(number):
+        return None, f"{s.name} must be a finite number, got {value!r}"
+    too_low = s.low is not None and (number <= s.low if s.low_open else number < s.low)
+    too_high = s.high is not None and (number >= s.high if s.high_open else number > s.high)
+    if too_low or too_high:
+        if s.low is not None and s.high is not None:
+            if s.kind == "int":
+                span = f"in {s.low:g}..{s.high:g}"
+            else:
+                span = f"in {'(' if s.low_open else '['}{s.low:g}, {s.high:g}{')' if s.high_open else ']'}"
+        else:
+            span = f"{'>' if s.low_open else '>='} {s.low:g}"
+        return None, f"{s.name} must be {span}, got {value}"
+    return number, None
+
+
+def _looks_like_path(value: str) -> bool:
+    """A local path rather than a Hugging Face id (``org/name``): absolute, ~, ./ or ../, or 3+ parts."""
+    return value.startswith(("/", "~", "./", "../")) or value.count("/") >= 2 or value in (".", "..")
+
+
+def _adapter_problem(name: str, value: str) -> str | None:
+    if not (Path(value).expanduser() / "adapter_config.json").is_file():
+        return f"{name} must be a LoRA adapter folder (no adapter_config.json in '{value}')"
+    return None
+
+
+def _seed_split_problem(path: Path, split: str) -> str | None:
+    """A BEIR T0 folder must hold the split's qrels (the error lists the splits it has)."""
+    qrels = path / "qrels"
+    if not path.is_dir() or not qrels.is_dir():
+        return None  # not BEIR: the seed loader's own message names the file and field
+    if (qrels / f"{split}.tsv").exists() or (qrels / f"{split}.tsv.gz").exists():
+        return None
+    have = sorted({p.name.split(".")[0] for p in qrels.glob("*.tsv*")})
+    return f"TRAIN_SPLIT={split!r}: {qrels} has no {split}.tsv (splits there: {', '.join(have) or 'none'})"
+
+
+def validate(resolved: Resolved, environ: Mapping[str, str]) -> list[str]:
+    """Every problem with the settings, one message each naming the setting (empty = all good)."""
+    v = resolved.values
+    problems: list[str] = []
+
+    def bad(name: str, message: str) -> None:
+        problems.append(message + _where(resolved, name))
+
+    numbers: dict[str, float] = {}
+    for s in SETTINGS:
+        value = v[s.name]
+        if s.kind in ("int", "float"):
+            if value == "" and s.shown_default:  # computed later (GEN_ROUND needs |T0|)
+                continue
+            number, problem = _number(s, value)
+            if problem:
+                bad(s.name, problem)
+            else:
+                numbers[s.name] = number
+        elif s.kind == "flag" and value not in ("0", "1"):
+            bad(s.name, f"{s.name} must be 0 or 1, got {value!r}")
+        elif s.kind == "choice" and value not in s.choices:
+            bad(s.name, f"{s.name} must be {', '.join(s.choices[:-1])} or {s.choices[-1]}, got {value!r}")
+        elif s.kind == "model" and not (s.name == "NER_MODEL" and v["EXTRACTOR"] != "matdetector") \
+                and not (s.name == "GEN_MODEL" and value == v["MODEL"]):  # MODEL's own check covers it
+            if not value:
+                bad(s.name, f"{s.name} must not be empty")
+            elif _looks_like_path(value) and not Path(value).expanduser().exists():
+                bad(s.name, f"{s.name} not found: {value} (a local model folder; a Hugging Face id looks like "
+                            f"org/name)")
+        elif s.kind == "adapter" and value:
+            problem = _adapter_problem(s.name, value)
+            if problem:
+                bad(s.name, problem)
+        elif s.kind == "file" and value and not Path(value).expanduser().is_file():
+            bad(s.name, f"{s.name} not found: {value}")
+    if not v["TRAIN_DATA"]:
+        where = f" or in {resolved.profile.path}" if resolved.profile else ""
+        bad("TRAIN_DATA", f"TRAIN_DATA is not set (set it in the environment{where}; unset PROFILE for the demo)")
+    elif not Path(v["TRAIN_DATA"]).expanduser().exists():
+        bad("TRAIN_DATA", f"TRAIN_DATA not found: {v['TRAIN_DATA']}")
+    else:
+        problem = _seed_split_problem(Path(v["TRAIN_DATA"]).expanduser(), v["TRAIN_SPLIT"])
+        if problem:
+            bad("TRAIN_SPLIT", problem)
+    for name in ("TRAIN_SPLIT", "EVAL_SPLIT"):
+        if not v[name]:
+            bad(name, f"{name} must not be empty")
+    for spec in v["EVAL_DATA"].split():
+        path = spec.rsplit(":", 1)[-1]
+        if not Path(path).expanduser().exists():
+            bad("EVAL_DATA", f"EVAL_DATA entry not found: {path} (from '{spec}')")
+    train_data_found = bool(v["TRAIN_DATA"]) and Path(v["TRAIN_DATA"]).expanduser().exists()
+    if v["SOURCE"] == "local":
+        if not v["LOCAL_CORPUS"] and train_data_found:  # (a missing TRAIN_DATA is the one problem to name)
+            bad("LOCAL_CORPUS", "SOURCE=local needs LOCAL_CORPUS (a BEIR folder or JSONL of papers); it defaults "
+                                "to TRAIN_DATA only when that is a folder")
+        elif not Path(v["LOCAL_CORPUS"]).expanduser().exists():
+            bad("LOCAL_CORPUS", f"LOCAL_CORPUS not found: {v['LOCAL_CORPUS']}")
+    if v["GROUNDING"] in ("mp", "both") and not environ.get("MP_API_KEY"):
+        bad("GROUNDING", f"GROUNDING={v['GROUNDING']} needs a Materials Project key in $MP_API_KEY")
+    if v["GEN_ADAPTER"] not in ("auto", "none"):
+        problem = _adapter_problem("GEN_ADAPTER", v["GEN_ADAPTER"])
+        if problem:
+            bad("GEN_ADAPTER", problem.replace("must be a", "must be auto, none or a"))
+    if v["DEVICE"] and not DEVICE_RE.match(v["DEVICE"]):
+        bad("DEVICE", f"DEVICE must be cpu, cuda, cuda:N or mps, got {v['DEVICE']!r}")
+    if v["OPENAI_EXTRA"]:
+        try:
+            extra = json.loads(v["OPENAI_EXTRA"])
+        except json.JSONDecodeError as exc:
+            extra = exc
+        if not isinstance(extra, dict):
+            bad("OPENAI_EXTRA", f"OPENAI_EXTRA must be a JSON object, got {v['OPENAI_EXTRA']!r}")
+    if v["OPENAI_URL"] and urlsplit(v["OPENAI_URL"]).scheme not in ("http", "https"):
+        bad("OPENAI_URL", f"OPENAI_URL must be an http(s):// URL, got {_without_credentials(v['OPENAI_URL'])!r}")
+    if "TOP_K" in numbers and "CONSISTENCY_K" in numbers and numbers["TOP_K"] < numbers["CONSISTENCY_K"]:
+        bad("TOP_K", f"TOP_K ({v['TOP_K']}) must be >= CONSISTENCY_K ({v['CONSISTENCY_K']}): 09 decides "
+                     f"rank(d+) <= kappa from 08's top-k list")
+    if (v["T0_NEGATIVES"] == "bm25" and not v["LOCAL_CORPUS"] and train_data_found
+            and not Path(v["TRAIN_DATA"]).expanduser().is_dir()):
+        bad("T0_NEGATIVES", "T0_NEGATIVES=bm25 mines T0's negatives from LOCAL_CORPUS (a BEIR folder or JSONL of "
+                            "papers); it defaults to TRAIN_DATA only when that is a folder")
+    if v["EXPANSION"] == "0" and v["CONFUSED_TUPLES"] != "1":
+        bad("EXPANSION", "EXPANSION=0 needs CONFUSED_TUPLES=1: without Stage II's tuples Stage III has no input")
+    if v["ITER_STEPS"] == "t0" and any(flag.split("=")[0] == "--max_steps" for flag in v["TRAIN_EXTRA"].split()):
+        bad("ITER_STEPS", "ITER_STEPS=t0 sets each training's --max_steps; TRAIN_EXTRA gives one too "
+                          f"({v['TRAIN_EXTRA']!r}): keep one of them")
+    if v["CONTROL"] == "1" and v["ITER_STEPS"] != "t0":
+        bad("CONTROL", "CONTROL=1 trains the control for the steps REPAIR's training takes: it needs ITER_STEPS=t0 "
+                       "(with ITER_STEPS=epochs the tuples add steps the control would not have)")
+    if v["SCHEDULE"] == "one" and v["ITER_STEPS"] != "t0":
+        bad("SCHEDULE", "SCHEDULE=one splits one schedule into equal slices of T0_STEPS: it needs ITER_STEPS=t0")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------ the run's record
+def _without_credentials(url: str) -> str:
+    """A URL without user:password@ and query string, so a record or message never carries a secret."""
+    parts = urlsplit(url)
+    if not parts.scheme:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _absolute(value: str) -> str:
+    return os.path.abspath(os.path.expanduser(value)) if value else value
+
+
+def record_of(values: Mapping[str, str]) -> dict[str, object]:
+    """The settings as recorded in ``settings.json``: numbers typed (1e-4 == 0.0001), paths absolute (a rerun
+    from another folder is the same run), model names as given unless they are local folders."""
+    out: dict[str, object] = {}
+    for s in SETTINGS:
+        value = values.get(s.name, "")
+        if s.kind in ("int", "float") and value != "":
+            number = float(value)
+            out[s.name] = int(number) if s.kind == "int" else number
+        elif s.kind in ("path", "file", "adapter") or (s.name == "OUT_DIR"):
+            out[s.name] = _absolute(value)
+        elif s.kind == "model" or s.name == "GEN_ADAPTER":
+            out[s.name] = _absolute(value) if value and os.path.exists(os.path.expanduser(value)) else value
+        elif s.name == "EVAL_DATA":
+            specs = []
+            for spec in value.split():
+                head, sep, path = spec.rpartition(":")
+                specs.append(f"{head}{sep}{_absolute(path)}")
+            out[s.name] = " ".join(specs)
+        elif s.name == "OPENAI_URL":
+            out[s.name] = _without_credentials(value)
+        else:
+            out[s.name] = value
+    return out
+
+
+def differences(recorded: Mapping[str, object], now: Mapping[str, object]) -> list[str]:
+    """Result-changing settings whose value differs from the record (settings missing from an older record are
+    not compared)."""
+    return [f"{s.name}: the run used {recorded[s.name]!r}, now {now[s.name]!r}"
+            for s in SETTINGS if s.result and s.name in recorded and recorded[s.name] != now.get(s.name)]
+
+
+def has_finished_steps(out_dir: Path) -> bool:
+    return any((out_dir / ".state").glob("*.done"))
+
+
+def check_and_record(out_dir: Path, values: Mapping[str, str], force: bool) -> None:
+    """Refuse a rerun whose result-changing settings differ from those the run's finished steps were made with
+    (:class:`SettingsError` naming each); otherwise (re)write ``settings.json``."""
+    now = record_of(values)
+    path = out_dir / RECORD_FILE
+    if path.exists() and not force and has_finished_steps(out_dir):
+        try:
+            recorded = json.loads(path.read_text(encoding="utf-8")).get("settings", {})
+        except (json.JSONDecodeError, AttributeError) as exc:
+            raise SettingsError([f"{path}: unreadable settings record ({exc}); FORCE=1 rewrites it"]) from None
+        diff = differences(recorded, now)
+        if diff:
+            raise SettingsError([f"{out_dir} holds a run made with other settings ({path}):"]
+                                + [f"  {d}" for d in diff]
+                                + ["Its finished steps would be skipped and the changes ignored. Rerun with the "
+                                   "recorded settings, use a new OUT_DIR, or FORCE=1 to redo every step with the "
+                                   "new ones."])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(path, {"written_by": "run_repair.sh", "settings": now})
+
+
+# ------------------------------------------------------------------------------------------ help
+def help_text(root: Path) -> str:
+    """The settings list of ``run_repair.sh --help``: defaults from the table, profile values from configs/."""
+    profiles = []
+    for name in profile_names(root):
+        try:
+            profiles.append(read_profile(root / PROFILE_DIR / f"{name}.env", root, name))
+        except SettingsError:
+            continue
+    lines = ["Profiles (PROFILE=NAME or PROFILE=FILE; unset with TRAIN_DATA unset: demo, or DEMO=tiny: demo-tiny)"]
+    for p in profiles:
+        lines.append(f"  {p.name:<15} {PROFILE_DIR}/{p.path.name}: {p.about}")
+    lines += ["", "Settings (default in brackets, then each profile's value where it sets one; an environment "
+                  "variable wins)"]
+    group = None
+    for s in SETTINGS:
+        if s.group != group:
+            group = s.group
+            lines.append(group)
+        default = s.shown_default if s.shown_default is not None else (s.default or "none")
+        extra = "; ".join(f"{p.name} {p.values[s.name].replace(str(root) + '/', '')}" for p in profiles
+                          if s.name in p.values)
+        choices = f"{' | '.join(s.choices)}: " if s.kind == "choice" and " | " not in s.help else ""
+        lines.append(f"  {s.name:<15} {choices}{s.help} [{default}{'; ' + extra if extra else ''}]")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ CLI for the driver
+def training_set_size(train_data: str, split: str) -> int:
+    """|T0| (the driver sizes GEN_ROUND and the expansion target with it); reading T0 here also means a malformed
+    T0 stops the run before any work, with the loader's file:line:field message."""
+    from repair.data import DataError, load_seed
+
+    try:
+        return len(load_seed(os.path.expanduser(train_data), split=split))
+    except (DataError, OSError) as exc:
+        raise SettingsError([f"TRAIN_DATA: {exc}"]) from None
+
+
+def shell_assignments(resolved: Resolved) -> str:
+    """``NAME='value'`` lines for the driver's ``eval`` (plus the profile's name, file and description)."""
+    lines = [f"{name}={shlex.quote(value)}" for name, value in resolved.values.items()]
+    p = resolved.profile
+    lines += [f"PROFILE_NAME={shlex.quote(p.name if p else '')}",
+              f"PROFILE_FILE={shlex.quote(str(p.path) if p else '')}",
+              f"PROFILE_ABOUT={shlex.quote(p.about if p else '')}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m repair.driver.settings", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=("resolve", "help"),
+                        help="resolve: validate the environment's settings, check/write OUT_DIR/settings.json and "
+                             "print shell assignments; help: the settings list")
+    parser.add_argument("--root", default=str(Path(__file__).resolve().parents[1]), help="repository root")
+    parser.add_argument("--no_record", action="store_true", help="validate only: leave OUT_DIR untouched")
+    args = parser.parse_args(argv)
+    root = Path(args.root)
+    if args.command == "help":
+        sys.stdout.write(help_text(root) + "\n")
+        return 0
+    try:
+        resolved = resolve(os.environ, root)
+        problems = validate(resolved, os.environ)
+        if problems:
+            raise SettingsError(problems)
+        t0_size = training_set_size(resolved.values["TRAIN_DATA"], resolved.values["TRAIN_SPLIT"])
+        if not args.no_record:
+            check_and_record(Path(resolved.values["OUT_DIR"]).expanduser(), resolved.values,
+                             force=resolved.values["FORCE"] == "1")
+    except SettingsError as exc:
+        for problem in exc.problems:
+            sys.stderr.write(problem + "\n")
+        return 2
+    # ITER_STEPS=t0's budget: the steps EPOCHS passes over T0 alone take (the trainer's own count, epoch_steps)
+    t0_steps = epoch_steps(t0_size, int(resolved.values["GLOBAL_BATCH"]), int(resolved.values["EPOCHS"]))
+    sys.stdout.write(shell_assignments(resolved) + f"T0_SIZE={t0_size}\nT0_STEPS={t0_steps}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""Text generation backends (DESIGN 5 step 5): prompts in, completions out, and the flags that pick one.
+
+Two backends with one API, ``generate(prompts, *, n, seed, max_new_tokens, temperature, top_p,
+repetition_penalty) -> list[str]`` (``n`` completions per prompt, grouped by prompt):
+
+- :class:`HFGenerator`: a local causal LM through ``transformers`` (default: the retriever's own backbone,
+  as in the paper where M_theta writes the queries), batched with left padding, chat template when the
+  tokenizer has one, seeded sampling. A retriever LoRA adapter (trained on ``AutoModel``) is merged into the
+  causal LM's inner decoder, so its key prefixes match (the original loaded it onto the causal-LM wrapper,
+  where they may not: UPSTREAM 5.22).
+- :class:`OpenAIGenerator`: any OpenAI-compatible ``/chat/completions`` endpoint (vLLM, llama.cpp server,
+  Ollama), through the same HTTP core as the literature sources (retries, timeouts, key never logged).
+
+A prompt is a string (sent as one user message when a chat template is used) or a list of chat messages.
+Separate from what is asked: 05's prompt and cleaning (:mod:`repair.expansion.query_generation`), the T0-style rewrite
+(:mod:`repair.expansion.t0_style`) and the CausalNeg negatives step all use these backends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Union
+
+from repair.models import DEFAULT_MODEL
+from repair.expansion.sources.http import ApiClient, KeyPool, load_keys
+
+logger = logging.getLogger(__name__)
+
+Prompt = Union[str, list[dict]]
+
+# Sampling defaults of the original 05 (UPSTREAM 2.6).
+DEFAULT_SAMPLING = {"max_new_tokens": 40, "temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.2}
+
+
+# ---------------------------------------------------------------------------------------------- HF backend
+def _adapter_targets_inner_model(adapter: str | os.PathLike) -> bool:
+    """True when the adapter was saved on a bare decoder (``AutoModel``: keys ``base_model.model.layers.*``),
+    as REPAIR's retriever adapters are; False for one saved on a causal LM (``base_model.model.model.*``)."""
+    from safetensors import safe_open
+
+    path = Path(adapter) / "adapter_model.safetensors"
+    if not path.exists():
+        return True
+    with safe_open(str(path), framework="pt") as fh:
+        keys = list(fh.keys())
+    return not any(k.startswith("base_model.model.model.") for k in keys)
+
+
+class HFGenerator:
+    """A local causal LM (HF id, folder, or alias ``smollm2-135m``) with batched, seeded generation."""
+
+    backend = "hf"
+
+    def __init__(self, model: str = DEFAULT_MODEL, adapter: str | None = None, *, device: str | None = None,
+                 dtype: Any = None, batch_size: int = 8, chat_template: str = "auto",
+                 trust_remote_code: bool = False):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from repair.models import resolve_model
+        from repair.runtime import default_dtype, pick_device
+
+        spec = resolve_model(model, pooling="eos", trust_remote_code=trust_remote_code)
+        self.model_name, self.path, self.adapter = model, spec.path, adapter
+        self.device = pick_device(device)
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        self.dtype = dtype or default_dtype(self.device)
+        self.batch_size = max(1, int(batch_size))
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=trust_remote_code)
+        self.tokenizer.padding_side = "left"  # decoder-only generation continues from the last real token
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        has_template = bool(getattr(self.tokenizer, "chat_template", None))
+        if chat_template == "on" and not has_template:
+            raise ValueError(f"{model}: the tokenizer has no chat template (use chat_template='off')")
+        self.use_chat = has_template if chat_template == "auto" else chat_template == "on"
+        self.model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=self.dtype,
+                                                          trust_remote_code=trust_remote_code)
+        if adapter:
+            self._merge_adapter(adapter)
+        self.model.to(self.device).eval()
+
+    def _merge_adapter(self, adapter: str) -> None:
+        from peft import PeftModel
+
+        if _adapter_targets_inner_model(adapter):
+            inner = self.model.get_decoder()
+            merged = PeftModel.from_pretrained(inner, adapter).merge_and_unload()
+            self.model.set_decoder(merged)
+        else:
+            self.model = PeftModel.from_pretrained(self.model, adapter).merge_and_unload()
+        logger.info("merged LoRA adapter %s into the generator", adapter)
+
+    def describe(self) -> dict:
+        return {"backend": self.backend, "model": self.model_name, "path": str(self.path), "adapter": self.adapter,
+                "chat_template": self.use_chat}
+
+    def format(self, prompt: Prompt) -> str:
+        """The exact text fed to the model: the chat template applied, or the raw completion prompt."""
+        if isinstance(prompt, list):
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise ValueError("chat messages given but the tokenizer has no chat template")
+            return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        if self.use_chat:
+            return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                      add_generation_prompt=True)
+        return prompt
+
+    def generate(self, prompts: list[Prompt], *, n: int = 1, seed: int = 0, max_new_tokens: int = 40,
+                 temperature: float = 0.6, top_p: float = 0.9, repetition_penalty: float = 1.2,
+                 do_sample: bool = True) -> list[str]:
+        """``n`` completions per prompt (grouped by prompt), decoded without the prompt and special tokens.
+
+        Batch ``b`` is sampled after ``torch.manual_seed(seed + b)``, so a call repeats exactly.
+        """
+        import torch
+
+        texts = [self.format(p) for p in prompts for _ in range(n)]
+        chat_formatted = self.use_chat or any(isinstance(p, list) for p in prompts)
+        outputs: list[str] = []
+        for b, start in enumerate(range(0, len(texts), self.batch_size)):
+            batch = texts[start:start + self.batch_size]
+            enc = self.tokenizer(batch, return_tensors="pt", padding=True,
+                                 add_special_tokens=not chat_formatted).to(self.device)
+            torch.manual_seed(seed + b)
+            kwargs = dict(max_new_tokens=max_new_tokens, repetition_penalty=repetition_penalty,
+                          pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id)
+            if do_sample:
+                kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
+            else:
+                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            with torch.no_grad():
+                out = self.model.generate(**enc, **kwargs)
+            new_tokens = out[:, enc["input_ids"].shape[1]:]
+            outputs.extend(self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
+        return [o.strip() for o in outputs]
+
+
+# ---------------------------------------------------------------------------------------------- OpenAI backend
+OPENAI_URL_ENV, OPENAI_MODEL_ENV, OPENAI_KEY_ENV = "OPENAI_BASE_URL", "OPENAI_MODEL", "OPENAI_API_KEY"
+
+
+class OpenAIGenerator:
+    """``POST {base_url}/chat/completions`` on any OpenAI-compatible server; one request per prompt.
+
+    ``extra_body`` is merged into each request (e.g. ``{"repetition_penalty": 1.2}``, understood by vLLM,
+    or ``{"repeat_penalty": 1.2}`` for llama.cpp); the official API rejects unknown fields, so
+    ``repetition_penalty`` is only sent when ``send_repetition_penalty`` is true. A server that ignores
+    ``n`` is asked again (seed + j) until ``n`` completions are collected.
+    """
+
+    backend = "openai"
+
+    def __init__(self, base_url: str | None = None, model: str | None = None, *, api_key_env: str = OPENAI_KEY_ENV,
+                 timeout: float = 120.0, max_retries: int = 3, backoff_base: float = 1.0, concurrency: int = 4,
+                 send_repetition_penalty: bool = True, extra_body: dict | None = None):
+        base_url = base_url or os.environ.get(OPENAI_URL_ENV) or "http://127.0.0.1:8000/v1"
+        keys = load_keys(None, api_key_env)
+        self.client = ApiClient("openai-compatible", base_url, keys=KeyPool(keys, None, "openai-compatible",
+                                                                            f"${api_key_env}"),
+                                auth_header="Authorization", auth_prefix="Bearer ", timeout=timeout,
+                                max_retries=max_retries, backoff_base=backoff_base, cache=None,
+                                passthrough_statuses=(), key_env=api_key_env)
+        self.base_url = base_url
+        self.concurrency = max(1, concurrency)
+        self.send_repetition_penalty = send_repetition_penalty
+        self.extra_body = dict(extra_body or {})
+        self.model_name = model or os.environ.get(OPENAI_MODEL_ENV) or self._served_model()
+
+    def _served_model(self) -> str:
+        """The first model the server lists (``GET /models``), for servers that serve one model."""
+        resp = self.client.get_json("models")
+        models = (resp.data or {}).get("data") if isinstance(resp.data, dict) else None
+        if not models:
+            raise ValueError(f"{self.base_url}/models lists no model; pass a model name")
+        return str(models[0]["id"])
+
+    def describe(self) -> dict:
+        return {"backend": self.backend, "model": self.model_name, "base_url": self.base_url}
+
+    def _complete(self, prompt: Prompt, n: int, seed: int, sampling: dict) -> list[str]:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        texts: list[str] = []
+        attempt = 0
+        while len(texts) < n and attempt < n:
+            body = {"model": self.model_name, "messages": messages, "n": n - len(texts), "seed": seed + attempt,
+                    "max_tokens": sampling["max_new_tokens"], "temperature": sampling["temperature"],
+                    "top_p": sampling["top_p"]}
+            if self.send_repetition_penalty and sampling.get("repetition_penalty") is not None:
+                body["repetition_penalty"] = sampling["repetition_penalty"]
+            body.update(self.extra_body)
+            resp = self.client.post_json("chat/completions", body)
+            choices = (resp.data or {}).get("choices") if isinstance(resp.data, dict) else None
+            if not isinstance(choices, list):
+                raise ValueError(f"{self.base_url}/chat/completions answered without 'choices'")
+            choices = sorted(choices, key=lambda c: c.get("index", 0))
+            texts.extend(((c.get("message") or {}).get("content") or c.get("text") or "") for c in choices)
+            attempt += 1
+        return [t.strip() for t in texts[:n]]
+
+    def generate(self, prompts: list[Prompt], *, n: int = 1, seed: int = 0, max_new_tokens: int = 40,
+                 temperature: float = 0.6, top_p: float = 0.9, repetition_penalty: float | None = 1.2,
+                 do_sample: bool = True) -> list[str]:
+        """``n`` completions per prompt (grouped by prompt); prompt ``i`` is sampled with seed ``seed + i*n``."""
+        sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature if do_sample else 0.0,
+                    "top_p": top_p, "repetition_penalty": repetition_penalty}
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            results = list(pool.map(lambda ip: self._complete(ip[1], n, seed + ip[0] * n, sampling),
+                                    enumerate(prompts)))
+        return [text for group in results for text in group]
+
+
+def make_generator(backend: str, **kw) -> HFGenerator | OpenAIGenerator:
+    """``hf`` or ``openai``; keyword arguments go to the backend's constructor (unset ones dropped)."""
+    kw = {k: v for k, v in kw.items() if v is not None}
+    if backend == "hf":
+        return HFGenerator(**kw)
+    if backend == "openai":
+        return OpenAIGenerator(**kw)
+    raise ValueError(f"unknown generator backend {backend!r}; expected hf or openai")
+
+
+def add_generator_args(parser, default_model_help: str = f"{DEFAULT_MODEL}, the retriever backbone",
+                       default_batch_help: str = "8") -> None:
+    """The generator flags every generating script shares (05 query generation, the CausalNeg negatives step):
+    ``--backend --model --adapter --device --dtype --batch_size --chat_template --trust_remote_code --openai_url
+    --openai_no_repetition_penalty --openai_extra --concurrency``."""
+    g = parser.add_argument_group("generator")
+    g.add_argument("--backend", choices=["hf", "openai"], default="hf",
+                   help="hf: local causal LM via transformers; openai: an OpenAI-compatible chat endpoint "
+                        "(default: %(default)s)")
+    g.add_argument("--model", default=None,
+                   help=f"hf: HF id, folder or alias (default: {default_model_help}); openai: the "
+                        "served model name (default: $OPENAI_MODEL, else the first model the server lists)")
+    g.add_argument("--adapter", default=None, help="hf: the retriever's LoRA adapter, merged into the generator")
+    g.add_argument("--device", default=None, help="hf: cpu | cuda | cuda:N (default: cuda when available)")
+    g.add_argument("--dtype", default=None,
+                   help="hf: float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)")
+    g.add_argument("--batch_size", type=int, default=None, help=f"hf: prompts per forward (default: {default_batch_help})")
+    g.add_argument("--chat_template", choices=["auto", "on", "off"], default="auto",
+                   help="hf: wrap prompts in the tokenizer's chat template (auto: when it has one)")
+    g.add_argument("--trust_remote_code", action="store_true", help="hf: allow model code from the model folder")
+    g.add_argument("--openai_url", default=None,
+                   help="openai: base URL incl. /v1 (default: $OPENAI_BASE_URL or http://127.0.0.1:8000/v1); "
+                        "the key is read from $OPENAI_API_KEY")
+    g.add_argument("--openai_no_repetition_penalty", action="store_true",
+                   help="openai: do not send repetition_penalty (the official API rejects it; vLLM accepts it)")
+    g.add_argument("--openai_extra", default=None, help="openai: JSON object merged into every request body")
+    g.add_argument("--concurrency", type=int, default=4, help="openai: parallel requests (default: %(default)s)")
+
+
+def add_sampling_args(parser, max_new_tokens: int = DEFAULT_SAMPLING["max_new_tokens"]) -> None:
+    """``--temperature --top_p --repetition_penalty --max_new_tokens`` (defaults of the original 05)."""
+    s = parser.add_argument_group("sampling (defaults of the original 05)")
+    s.add_argument("--temperature", type=float, default=DEFAULT_SAMPLING["temperature"], help="(default: %(default)s)")
+    s.add_argument("--top_p", type=float, default=DEFAULT_SAMPLING["top_p"], help="(default: %(default)s)")
+    s.add_argument("--repetition_penalty", type=float, default=DEFAULT_SAMPLING["repetition_penalty"],
+                   help="(default: %(default)s)")
+    s.add_argument("--max_new_tokens", type=int, default=max_new_tokens, help="(default: %(default)s)")
+
+
+def sampling_from_args(args) -> dict:
+    """The sampling keyword arguments of ``generate`` that :func:`add_sampling_args` flags describe."""
+    return {"temperature": args.temperature, "top_p": args.top_p, "repetition_penalty": args.repetition_penalty,
+            "max_new_tokens": args.max_new_tokens}
+
+
+def generator_from_args(args, default_batch_size: int = 8) -> HFGenerator | OpenAIGenerator:
+    """The generator that :func:`add_generator_args` flags describe."""
+    import json
+
+    if args.backend == "hf":
+        return make_generator("hf", model=args.model or DEFAULT_MODEL, adapter=args.adapter, device=args.device,
+                              dtype=args.dtype, batch_size=args.batch_size or default_batch_size,
+                              chat_template=args.chat_template, trust_remote_code=args.trust_remote_code)
+    return make_generator("openai", base_url=args.openai_url, model=args.model, concurrency=args.concurrency,
+                          send_repetition_penalty=not args.openai_no_repetition_penalty,
+                          extra_body=json.loads(args.openai_extra) if args.openai_extra else None)
