@@ -5,10 +5,9 @@ code path inference uses), with the InfoNCE loss of Eq. 8 (+ CausalNeg's QEM) ov
 batch, gradient-cached (:mod:`repair.gradcache`) so the global batch (256 in the paper) fits one device, and
 spread over ``torchrun`` ranks with all-gathered negatives. AdamW, linear warmup + decay, gradient clipping.
 
-Everything needed to continue is checkpointed (trainable weights, optimizer, scheduler, RNG, step); the data
-order of an epoch is a pure function of (seed, epoch), so the step number alone says where to continue and a
-resumed run ends with the weights an uninterrupted run would have. The final folder is a ``save_pretrained``
-adapter (or full model) + tokenizer + ``training_args.json`` + ``train_log.jsonl``.
+Everything needed to continue is checkpointed (trainable weights, optimizer, scheduler, RNG, step); an epoch's data
+order is a pure function of (seed, epoch), so a resumed run ends with an uninterrupted run's weights. The final
+folder: ``save_pretrained`` adapter (or full model), tokenizer, training_args.json, train_log.jsonl, model card.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from .data import JsonlAppender, iter_appended_jsonl, load_torch_file, read_json
 from .encoding import Retriever
 from .gradcache import allreduce_gradients, contrastive_step
 from .losses import contrastive_objective
+from .model_card import finish_trained_folder
 from .models import ENCODER_MODEL_TYPES, ModelSpec
 from .runtime import dist_info, pick_device, set_seed
 from .train_config import CONTINUE_KEYS, RESUME_KEYS, TrainConfig, epoch_steps
@@ -288,7 +288,7 @@ def _check_output_dir(cfg: TrainConfig, output_dir: Path) -> bool:
 
 def _clear_output_dir(output_dir: Path) -> None:
     for name in (CHECKPOINTS, TRAIN_LOG, ARGS_FILE, "runs", "adapter_config.json", "adapter_model.safetensors",
-                 "config.json", "model.safetensors"):
+                 "config.json", "model.safetensors", "README.md", "modules.json"):
         target = output_dir / name
         if target.is_dir():
             shutil.rmtree(target)
@@ -390,6 +390,8 @@ def train(cfg: TrainConfig) -> dict:
     output_dir = Path(cfg.output_dir)
     if cfg.resume and not cfg.overwrite_output_dir and training_finished(output_dir):
         logger.info("%s: training already finished; nothing to resume", output_dir)
+        if rank == 0:  # a run killed after saving the model but before its card: complete the folder
+            finish_trained_folder(output_dir)
         return {**read_json(output_dir / ARGS_FILE).get("result", {}), "status": "already_finished"}
     busy = _check_output_dir(cfg, output_dir)  # every rank checks, so every rank raises alike
     _barrier(world)
@@ -490,8 +492,9 @@ def train(cfg: TrainConfig) -> dict:
 
 
 def save_final(output_dir: Path, retriever: Retriever, settings: dict) -> None:
-    """``save_pretrained`` adapter (or full model) + tokenizer + training_args.json, loadable as in the README."""
+    """``save_pretrained`` adapter (or full model) + tokenizer + training_args.json, then model card and ST files."""
     retriever.model.save_pretrained(output_dir)
     retriever.tokenizer.save_pretrained(output_dir)
     write_json(output_dir / ARGS_FILE, settings)
+    finish_trained_folder(output_dir)
     logger.info("saved %s to %s", "model" if settings.get("full_finetune") else "adapter", output_dir)

@@ -20,6 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import sys
+from pathlib import Path
 
 
 from repair.cli import add_retriever_args, run_script
@@ -131,8 +134,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**values)
 
 
+def command_line(argv: list[str] | None) -> str:
+    """This run's command as a reader reruns it from the repository root (the model card's "Reproduce")."""
+    script = Path(__file__).resolve()
+    return shlex.join(["python", os.path.relpath(script, script.parents[1]),
+                       *(sys.argv[1:] if argv is None else argv)])
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    args.command = command_line(argv)
     # Large CPU tensors page-aligned + transparent huge pages: glibc then reuses the memory freed between the
     # layers of the graph pass instead of growing the heap (the CPU demo's peak: 6.7 GB -> 3.0 GB, same step
     # time; docs/training.md "Memory"). PyTorch reads this once, at the process's first CPU allocation, which
