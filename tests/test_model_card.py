@@ -68,6 +68,15 @@ def test_base_origin_names_the_hub_model_and_where_the_weights_came_from(tmp_pat
     assert local.hub_id is None and "--hub_base" in local.via
 
 
+def test_a_folder_that_no_training_saved_is_one_clear_line(tmp_path, capsys):
+    assert card_main(["write", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path}: no training_args.json: not a folder "
+                                       f"training/10_train_lora.py saved\n")
+    (tmp_path / "training_args.json").write_text("[1, 2]")
+    assert card_main(["write", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'training_args.json'}: not a JSON object\n"
+
+
 def test_lora_card_parses_with_the_eval_files_metrics_and_publish_names_the_hub_base(tiny_model_dir, tmp_path,
                                                                                       capsys):
     out = tmp_path / "adapter"
