@@ -374,13 +374,17 @@ def write_model_card(folder: str | os.PathLike, *, eval_files: list[str | os.Pat
 
 def refresh_run_cards(run_dir: str | os.PathLike) -> list[Path]:
     """Rewrite the card of every trained folder of a driver run (``iter<k>/adapter``, ``iter<k>/control``) with the
-    run's evaluation files as they are now: the report step calls this after the evaluations."""
+    run's evaluation files as they are now: the report step calls this after the evaluations. A folder whose card
+    cannot be written is named in a warning; the report and the other cards go on."""
     written = []
     for it in sorted(Path(run_dir).glob("iter*")):
         for name in RUN_FOLDERS:
             folder = it / name
             if (folder / ARGS_FILE).is_file():
-                written.append(write_model_card(folder))
+                try:
+                    written.append(write_model_card(folder))
+                except CardError as exc:
+                    logger.warning("no model card for %s: %s", folder, exc)
     return written
 
 
