@@ -167,6 +167,11 @@ fi
 # already knows T0, so Q_conf holds what plain fine-tuning leaves confused (docs/results.md, repair_conf_bm25_from_bm25)
 mkdir -p "$OUT_DIR/iter0/eval"
 if [[ "$WARM_START" == 1 ]]; then
+  # iteration 0 is then the warm-started model: the model the run starts from (MODEL, + ADAPTER) is evaluated first,
+  # so the report shows it as its own row
+  mkdir -p "$OUT_DIR/iter0/eval_offshelf"
+  AFLAG=(); [[ -n "$CUR_ADAPTER" ]] && AFLAG=(--adapter "$CUR_ADAPTER")
+  eval_step iter0.eval_offshelf "$OUT_DIR/iter0/eval_offshelf/eval.json" "${AFLAG[@]}"
   train_step iter0.10_warm_start "$OUT_DIR/iter0/adapter" 1 "${T0_FLAGS[@]}"
 fi
 # CONTROL=1: a second chain of trainings, each the same as REPAIR's (same start, steps, schedule slice, seed) on T0's

@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from repair.data import (file_sha256, iter_jsonl, load_beir, load_qrels, load_seed, read_jsonl, read_lines, write_jsonl,
                          write_lines)
-from repair.evaluation.beir_slice import write_beir_slice
+from repair.evaluation.evaluate.beir_slice import write_beir_slice
 from repair.driver.steps import step_outputs, write_outputs
 from repair.encoding import link_cache
 from repair.tables import markdown_table
@@ -452,8 +452,8 @@ class Study:
                "MAX_ROUNDS": str(a.max_rounds), "PYTHON": PY,
                "TRAIN_EXTRA": f"--max_steps {a.steps} --epochs 100 --warmup_ratio 0.1 --weight_decay 0.01 "
                               f"--save_steps 0 --no_progress", **extra}
-        if extra.get("WARM_START") != "1":  # with a warm start, iteration 0 evaluates the warm-started model
-            self.reuse_eval("offshelf", run_dir)
+        if "MODEL" not in extra:  # the run starts from the off-the-shelf model, which this study evaluated
+            self.reuse_eval("offshelf", run_dir, extra.get("WARM_START") == "1")
         self.share_embeddings(run_dir)
         seconds = run(["bash", ROOT / "run_repair.sh"], self.out / "logs" / f"driver_{name}.log", env=env)
         # and back: the final model's corpus vectors, so its --test evaluation encodes only the test claims
@@ -477,18 +477,20 @@ class Study:
         return {**result, "iterations": per_iter, "steps": sum(own_steps(folder) for folder in adapters),
                 "seconds": round(seconds), "run_dir": str(run_dir)}
 
-    def reuse_eval(self, evaluated: str, run_dir: Path) -> None:
-        """A driver run's iteration 0 evaluates the model it starts from: when this study already evaluated that model
-        (the offshelf row, or inbatch_s<seed> for repair_from_ft) with the same command and data, its result is copied
-        in (with the driver's done marker) instead of re-encoding the corpus per row."""
+    def reuse_eval(self, evaluated: str, run_dir: Path, warm_start: bool = False) -> None:
+        """A driver run's iteration 0 evaluates the model it starts from (with WARM_START=1, step iter0.eval_offshelf
+        does, before the warm start): when this study already evaluated that model (the offshelf row, or
+        inbatch_s<seed> for repair_from_ft) with the same command and data, its result is copied in (with the
+        driver's done marker) instead of re-encoding the corpus per row."""
+        step = "eval_offshelf" if warm_start else "eval"
         source = self.out / "eval" / f"{evaluated}.{self.select_split}.json"
-        target = run_dir / "iter0" / "eval" / "eval.json"
+        target = run_dir / "iter0" / step / "eval.json"
         if source.exists() and not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
             (run_dir / ".state").mkdir(parents=True, exist_ok=True)
-            write_outputs(run_dir / ".state", "iter0.eval", [str(target.relative_to(run_dir))])
-            (run_dir / ".state" / "iter0.eval.done").write_text("0\n")
+            write_outputs(run_dir / ".state", f"iter0.{step}", [str(target.relative_to(run_dir))])
+            (run_dir / ".state" / f"iter0.{step}.done").write_text("0\n")
 
     def share_embeddings(self, run_dir: Path) -> None:
         """Seed a driver run's embedding cache with the vectors this study's evaluations already computed, so its
@@ -522,7 +524,7 @@ class Study:
             return step[:2].isdigit() and (step[:2] <= upto or upto == "eval") and not step.startswith("09b")
 
         steps = sorted(done.name[:-len(".done")] for done in (src / ".state").glob("*.done")
-                       if done.name.startswith("iter0.eval.")
+                       if done.name.startswith(("iter0.eval.", "iter0.eval_offshelf."))
                        or (done.name.startswith("iter1.") and shared(done.name.split(".")[1])))
         unrecorded = [step for step in steps if step_outputs(src / ".state", step) is None]
         if unrecorded:
@@ -560,7 +562,7 @@ class Study:
             if not training_finished(start):
                 raise SystemExit(f"{row}: run the {variant.start} row for seed {seed} first ({start})")
             extra["MODEL"] = str(start)
-            self.reuse_eval(f"{variant.start}_s{seed}", run_dir)
+            self.reuse_eval(f"{variant.start}_s{seed}", run_dir, extra.get("WARM_START") == "1")
         reused = self.reuse_repair_stages(seed, run_dir, upto, source_row or "repair") if upto else False
         result = self._driver(name, seed, extra)
         if variant.start != "offshelf":

@@ -18,8 +18,9 @@ from pathlib import Path
 
 
 from repair.cli import run_script
+from repair.driver.model_card import refresh_run_cards
 from repair.models import adapter_base
-from repair.evaluation.report import (
+from repair.evaluation.evaluate.report import (
     ReportError,
     collect,
     counts_table,
@@ -73,6 +74,9 @@ def main(argv=None) -> None:
             path, summary = write_report(run_dir, pct, overwrite=args.force)
         except ReportError as exc:
             raise SystemExit(f"error: {exc}") from None
+        # the trained folders' model cards get the metrics the evaluations wrote since training (README: publishing)
+        for card in refresh_run_cards(run_dir):
+            print(f"model card: {card}")
     print(metrics_table(summary))
     print()
     print(counts_table(summary))

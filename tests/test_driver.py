@@ -104,6 +104,21 @@ def outputs(run: Path) -> dict:
     return out
 
 
+def card_matches_eval(folder: Path, eval_json: Path, library: str = "peft"):
+    """The folder's model card parses as the Hub's ModelCardData, and its model-index holds exactly the metrics of
+    the eval file (dataset, metric, value), read from it, never typed in. Returns the card."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    card = ModelCard.load(folder / "README.md")
+    assert isinstance(card.data, ModelCardData) and card.data.library_name == library
+    assert "More Information Needed" not in card.content
+    expected = {(r["dataset"], key.replace("@", "_at_")): r[key] for r in json.loads(eval_json.read_text())["results"]
+                for key in r if re.fullmatch(r"(ndcg|map|recall|mrr)@\d+|spearman|pearson", key)}
+    got = {(e.dataset_name, e.metric_type): e.metric_value for e in card.data.eval_results}
+    assert expected and got == expected
+    return card
+
+
 def step_records(run: Path) -> dict[str, list[str]]:
     """Each step's ``.outputs`` record (the files it wrote, relative to the run folder)."""
     return {f.name[:-len(".outputs")]: f.read_text().splitlines() for f in (run / ".state").glob("*.outputs")}
@@ -152,6 +167,13 @@ def test_driver_end_to_end_skip_and_resume(tiny_model_dir, tmp_path, server):
     counts = dict(zip(md_cells(tables[1][0]), md_cells(tables[1][2])))
     assert counts["\\|T0\\|"] == "12" and counts["kept"] != "–"
     assert "0 (before)" in first.stdout  # the metrics table is printed at the end
+    # each adapter's model card: the metrics of its iteration's evaluation (refreshed by the report step), what
+    # was trained, the driver's exact command for the step
+    for k in (1, 2):
+        card = card_matches_eval(run / f"iter{k}" / "adapter", run / f"iter{k}" / "eval" / "eval.json")
+        assert (run / "logs" / f"iter{k}.10_train.cmd").read_text().strip() in card.text
+        assert f"REPAIR iteration {k}: trained on T0 plus the triplets of iterations 1..{k}" in card.text
+        assert card.data.datasets == ["matsci"] and "| 1 | 12 |" in card.text  # |T0| of iteration 1's row
     # the console shows steps, tables and short summary lines: no raw JSON, no library deprecation noise
     assert [ln for ln in first.stdout.splitlines() if ln.lstrip().startswith("{")] == []
     assert "  summary (iter1.04_merge): stage=04_merge_cconf pct=30 " in first.stdout
@@ -390,7 +412,7 @@ def test_driver_gen_adapter_chooses_the_generators_lora(tiny_model_dir, tmp_path
 def test_report_tables_render_and_a_rewrite_never_loses_numbers(tmp_path):
     """A report rebuilt when its inputs are gone (or read under another PCT) used to replace the counts with
     dashes; and the |T0| headers broke the Markdown tables."""
-    from repair.evaluation.report import ReportError, write_report
+    from repair.evaluation.evaluate.report import ReportError, write_report
 
     run = tmp_path / "run"
     (run / "iter0" / "eval").mkdir(parents=True)
@@ -496,6 +518,18 @@ def test_driver_warm_start_diagnoses_the_fine_tuned_model_at_t0s_steps(tiny_mode
     assert lora_b and all(t.abs().sum() > 0 for t in lora_b)
     report = json.loads((run / "report.json").read_text())
     assert report["iterations"][0]["seconds"]["training"] > 0  # the warm start counts as iteration 0's training
+    # the off-the-shelf model (MODEL, no adapter) is evaluated before the warm start and is the report's own row
+    offshelf_cmd = (logs / "iter0.eval_offshelf.cmd").read_text()
+    assert f"--model {tiny_model_dir} " in offshelf_cmd and "--adapter" not in offshelf_cmd
+    offshelf = json.loads((run / "iter0" / "eval_offshelf" / "eval.json").read_text())["results"][0]
+    assert report["iterations"][0]["offshelf_eval"][f"{offshelf['dataset']} {offshelf['headline']}"] == offshelf[
+        offshelf["headline"]]
+    table = (run / "report.md").read_text()
+    assert f"| off the shelf (before the warm start) | {offshelf[offshelf['headline']]:.4f}" in table
+    assert "| 0 (warm start on T0) |" in table and "0 (before)" not in table
+    # the warm start's adapter has its card, with iteration 0's metrics (the warm-started model's)
+    card = card_matches_eval(warm, run / "iter0" / "eval" / "eval.json")
+    assert "the warm start (WARM_START=1)" in card.text and "off-the-shelf base" in card.text
     # ITER_STEPS=t0 and a --max_steps of one's own are refused before any work, naming both
     refused = run_driver({**env, "TRAIN_EXTRA": "--max_steps 9", "OUT_DIR": str(tmp_path / "r1")}, timeout=60)
     assert refused.returncode == 2 and "ITER_STEPS=t0 sets each training's --max_steps" in refused.stderr
@@ -547,6 +581,8 @@ def test_driver_one_schedule_continues_the_warm_start_mid_schedule(tiny_model_di
     table = (run / "report.md").read_text()
     assert f"| 1: plain control, same steps | {control_ndcg[name]:.4f}" in table
     assert f"| 1: REPAIR - control | {repair_ndcg[name] - control_ndcg[name]:+.4f}" in table
+    card = card_matches_eval(run / "iter1" / "control", run / "iter1" / "eval_control" / "eval.json")
+    assert "the plain control of iteration 1 (CONTROL=1)" in card.text
     for setting in ("SCHEDULE=one splits one schedule", "CONTROL=1 trains the control"):
         refused = run_driver({**env, "ITER_STEPS": "epochs", "OUT_DIR": str(tmp_path / "r1")}, timeout=60)
         assert refused.returncode == 2 and setting in refused.stderr

@@ -20,9 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import sys
+from pathlib import Path
 
 
 from repair.cli import add_retriever_args, run_script
+from repair.driver.model_card import finish_trained_folder
 from repair.runtime import process_group, setup_logging
 from repair.training.trainer import train
 from repair.training.config import BASE_DTYPES, CAUSALNEG_QEM_LAMBDA, TrainConfig
@@ -131,8 +135,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**values)
 
 
+def command_line(argv: list[str] | None) -> str:
+    """This run's command as a reader reruns it from the repository root (the model card's "Reproduce")."""
+    script = Path(__file__).resolve()
+    return shlex.join(["python", os.path.relpath(script, script.parents[1]),
+                       *(sys.argv[1:] if argv is None else argv)])
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    args.command = command_line(argv)
     # Large CPU tensors page-aligned + transparent huge pages: glibc then reuses the memory freed between the
     # layers of the graph pass instead of growing the heap (the CPU demo's peak: 6.7 GB -> 3.0 GB, same step
     # time; docs/training.md "Memory"). PyTorch reads this once, at the process's first CPU allocation, which
@@ -142,6 +154,9 @@ def main(argv=None) -> dict:
     with process_group(args.device):  # torchrun: join the group (NCCL on GPUs, gloo on CPU), leave it after
         result = train(config_from_args(args))
     if int(os.environ.get("RANK", "0")) == 0:
+        # the model card (+ a full fine-tune's sentence-transformers files), read from the saved folder's files; also
+        # when the run had already finished, so a run killed after saving and before its card completes the folder
+        finish_trained_folder(args.output_dir)
         print(json.dumps(result), flush=True)
     return result
 

@@ -116,6 +116,9 @@ def collect(run_dir: str | Path, pct: int = 30) -> dict:
             row["seconds"] = _stage_seconds(run_dir, 0)
             if (it / "adapter").exists():  # WARM_START=1: plain fine-tuning on T0 before iteration 1
                 row["train"] = _train_summary(it / "adapter")
+            offshelf = _headlines(_maybe_json(it / "eval_offshelf" / "eval.json"))
+            if offshelf:  # WARM_START=1: the model the run started from, before the warm start
+                row["offshelf_eval"] = offshelf
         iterations.append(row)
     return {"run_dir": str(run_dir), "pct": pct, "iterations": iterations}
 
@@ -132,7 +135,7 @@ def metrics_table(summary: dict) -> str:
     """Markdown table: one row per iteration (0 = before training), one column per eval headline."""
     names: list[str] = []
     for it in summary["iterations"]:
-        names += [n for n in it["eval"] if n not in names]
+        names += [n for n in dict.fromkeys((*it.get("offshelf_eval", {}), *it["eval"])) if n not in names]
     if not names:
         return "(no evaluation results)"
     base = summary["iterations"][0]["eval"] if summary["iterations"] else {}
@@ -146,7 +149,11 @@ def metrics_table(summary: dict) -> str:
 
     rows = []
     for it in summary["iterations"]:
-        rows.append(["0 (before)" if it["iter"] == 0 else str(it["iter"]), *cells(it["eval"], it["iter"] == 0)])
+        offshelf = it.get("offshelf_eval")
+        if offshelf:  # WARM_START=1: the off-the-shelf model, then iteration 0 = the warm-started one
+            rows.append(["off the shelf (before the warm start)", *cells(offshelf, True)])
+        label = "0 (warm start on T0)" if offshelf else "0 (before)"
+        rows.append([label if it["iter"] == 0 else str(it["iter"]), *cells(it["eval"], it["iter"] == 0)])
         control = it.get("control_eval")
         if control:  # the plain equal-steps control (CONTROL=1) and REPAIR's gain over it
             rows.append([f"{it['iter']}: plain control, same steps", *cells(control)])
@@ -270,9 +277,10 @@ def lost_fields(old: dict, new: dict) -> list[str]:
         for key in KEPT_FIELDS:
             if it.get(key) is not None and row.get(key) is None:
                 lost.append(f"iter{it['iter']} {key}")
-        for name in it.get("eval") or {}:
-            if name not in (row.get("eval") or {}):
-                lost.append(f"iter{it['iter']} {name}")
+        for field in ("eval", "offshelf_eval"):
+            for name in it.get(field) or {}:
+                if name not in (row.get(field) or {}):
+                    lost.append(f"iter{it['iter']} {name}" + (" (off the shelf)" if field == "offshelf_eval" else ""))
     return lost
 
 
@@ -293,7 +301,8 @@ def write_report(run_dir: str | Path, pct: int = 30, overwrite: bool = False) ->
                               f"report.json has them); --force rewrites it anyway")
     images = plot(run_dir, summary)
     parts = [f"# REPAIR run report: `{run_dir}`", "",
-             "## Evaluation (headline metric per dataset; iteration 0 = the starting retriever; "
+             "## Evaluation (headline metric per dataset; iteration 0 = the starting retriever (with WARM_START=1 "
+             "the warm-started one, and the row above it the off-the-shelf model); "
              "in brackets: change from iteration 0; with CONTROL=1 each iteration also shows its plain control, "
              "the same training on T0's data alone, and REPAIR's difference from it)", "", metrics_table(summary), "",
              "## What each iteration produced", "", counts_table(summary), "",

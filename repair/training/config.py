@@ -88,6 +88,7 @@ class TrainConfig:
     last_step: int = -1
     continue_from: str | None = None
     show_progress: bool = True
+    command: str | None = None  # the command line that started the run: the model card's "Reproduce" section
 
     def validate(self) -> None:
         if self.global_batch_size < 1 or self.mini_batch_size < 1:

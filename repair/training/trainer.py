@@ -8,7 +8,8 @@ spread over ``torchrun`` ranks with all-gathered negatives. AdamW, linear warmup
 Everything needed to continue is checkpointed (trainable weights, optimizer, scheduler, RNG, step); the data
 order of an epoch is a pure function of (seed, epoch), so the step number alone says where to continue and a
 resumed run ends with the weights an uninterrupted run would have. The final folder is a ``save_pretrained``
-adapter (or full model) + tokenizer + ``training_args.json`` + ``train_log.jsonl``.
+adapter (or full model) + tokenizer + ``training_args.json`` + ``train_log.jsonl``; the training script then adds the
+model card (and a full fine-tune's sentence-transformers files): :mod:`repair.driver.model_card`.
 """
 
 from __future__ import annotations
@@ -288,7 +289,7 @@ def _check_output_dir(cfg: TrainConfig, output_dir: Path) -> bool:
 
 def _clear_output_dir(output_dir: Path) -> None:
     for name in (CHECKPOINTS, TRAIN_LOG, ARGS_FILE, "runs", "adapter_config.json", "adapter_model.safetensors",
-                 "config.json", "model.safetensors"):
+                 "config.json", "model.safetensors", "README.md", "modules.json"):
         target = output_dir / name
         if target.is_dir():
             shutil.rmtree(target)
