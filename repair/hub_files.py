@@ -49,7 +49,7 @@ def _package_version(dist: str) -> str | None:
 
 def json_record(path: Path, name: str = "repair_source.json") -> dict:
     """A JSON record in a model folder ({} when absent or unreadable): ``repair_source.json``, which
-    :func:`repair.models.convert_gguf` writes into a converted folder, or a trained folder's training_args.json."""
+    :func:`repair.model_packages.convert_gguf` writes into a converted folder, or a trained folder's training_args.json."""
     record = path / name
     try:
         data = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else {}

@@ -18,7 +18,7 @@ from repair.data import read_json
 from repair.encoding import Retriever
 from repair.hub_files import base_origin
 from repair.driver.model_card import CardError, main as card_main, publish
-from repair.models import SMOLLM2_GGUF, SMOLLM2_SHA256, minilm_folder
+from repair.model_packages import SMOLLM2_GGUF, SMOLLM2_SHA256, minilm_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
