@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .data import DataError
-from .encoding import DEFAULT_INSTRUCTION
-from .instructions import instruction_for
 
 TASKS = ("ir", "qa", "mesh", "relish", "sts")  # task families (metric profiles: repair.evaluation.PROFILES)
 
@@ -74,6 +72,9 @@ TASK_DEFAULT_DATASET = {"mesh": "mesh", "sts": "biosses", "relish": "relish"}
 def dataset_instruction(name: str, task: str, override: str | None = None) -> str:
     """The query instruction for a dataset: ``override``, else the name's entry in :mod:`repair.instructions`,
     else the task family's benchmark entry, else the generic default."""
+    from .encoding import DEFAULT_INSTRUCTION  # torch: here, so the driver's settings check can use this module
+    from .instructions import instruction_for
+
     if override is not None:
         return override
     found = instruction_for(name)
