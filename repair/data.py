@@ -421,6 +421,10 @@ def load_torch_file(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
         marker = "WeightsUnpickler error:"
         if marker in text:
             text = text.split(marker, 1)[1].split("Check the documentation", 1)[0].split(" Please use", 1)[0]
+        elif text.startswith("Weights only load failed"):  # torch >= 2.10: the reason is its own paragraph
+            reasons = [part for part in text.split("\n\n")[1:] if part.strip()
+                       and not part.strip().startswith(("Check the documentation", "Please file an issue"))]
+            text = reasons[0] if reasons else text
         reason = " ".join(text.split()).rstrip(".") or type(exc).__name__
         raise DataError(f"{path}: not loadable with torch.load(weights_only=True) ({reason}): it holds objects "
                         f"other than tensors and plain containers, or is not a torch file") from None

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .data import file_sha256
+from .data import file_sha256, load_torch_file
 from .runtime import cache_root
 
 logger = logging.getLogger(__name__)
@@ -73,6 +73,19 @@ class ModelSpec:
 
 def is_adapter_folder(path: str | os.PathLike) -> bool:
     return (Path(path) / ADAPTER_CONFIG).exists()
+
+
+def check_adapter_weights(folder: str | os.PathLike) -> None:
+    """Refuse an adapter whose weights are a pickle holding code, naming the file (:class:`repair.data.DataError`).
+
+    peft loads ``adapter_model.bin`` (when there is no ``adapter_model.safetensors``) with ``torch.load(weights_only=
+    True)``, which does not run the code but fails with a paragraph of traceback; opening it first through
+    :func:`repair.data.load_torch_file`, as every ``.pt`` input is, turns that into one line. An adapter is small, so
+    reading it twice costs little; safetensors files hold no code and are not opened here."""
+    folder = Path(folder)
+    weights = folder / "adapter_model.bin"
+    if weights.is_file() and not (folder / "adapter_model.safetensors").exists():
+        load_torch_file(weights)
 
 
 def adapter_base(folder: str | os.PathLike) -> str:
@@ -300,4 +313,6 @@ def resolve_model(name_or_path: str, pooling: str | None = None, trust_remote_co
         "mean" if config.model_type in ENCODER_MODEL_TYPES else "eos")
     if adapter and not is_adapter_folder(adapter):
         raise FileNotFoundError(f"{adapter}: not a LoRA adapter folder (no {ADAPTER_CONFIG})")
+    if adapter:
+        check_adapter_weights(adapter)
     return ModelSpec(name=name_or_path, path=path, pooling=chosen, adapter=adapter or None)

@@ -1,0 +1,79 @@
+"""Issue 32's hardening gaps, each checked on the real scripts (subprocesses, as a user runs them) with real files:
+a pickled adapter holding code, malformed input to 08 / 09 / 09b / 10, and a training killed with SIGKILL while
+it saves its result."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_cli_errors import error_line, run, write
+
+ROOT = Path(__file__).resolve().parents[1]
+IR_TINY = ROOT / "tests" / "fixtures" / "eval" / "ir-tiny"
+
+
+# ---------------------------------------------------------------------------------------------- pickled adapters
+class _WritesMarker:
+    """Unpickling this runs ``exec`` on code that creates a file: what a malicious ``adapter_model.bin`` does."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({str(self.marker)!r}, 'w').write('pwned')",)
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
+    """A real LoRA adapter on the tiny model (safetensors) and a copy whose weights are a malicious pickle."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModel
+
+    root = tmp_path_factory.mktemp("adapters")
+    model = get_peft_model(AutoModel.from_pretrained(tiny_model_dir),
+                           LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
+    model.save_pretrained(root / "good")
+    shutil.copytree(root / "good", root / "evil")
+    (root / "evil" / "adapter_model.safetensors").unlink()
+    marker = root / "MARKER"
+    torch.save({"base_model.model.layers.0.self_attn.q_proj.lora_A.weight": _WritesMarker(marker)},
+               root / "evil" / "adapter_model.bin")
+    return {"good": root / "good", "evil": root / "evil", "marker": marker}
+
+
+def test_a_pickled_adapter_holding_code_is_refused_in_one_line(tmp_path, adapters, tiny_model_dir):
+    """eval --model ADAPTER, a stage's --model ADAPTER (07) and the trainer's --init_adapter: exit 2, one line naming
+    adapter_model.bin, and the pickle's code never ran (peft's torch.load ended in a 20-line traceback, exit 1)."""
+    evil, marker = adapters["evil"], adapters["marker"]
+    t0 = write(tmp_path / "t0.jsonl", [json.dumps({"query": f"q{i}", "positive": f"p{i}"}) for i in range(4)])
+    expansion = write(tmp_path / "06.jsonl", [json.dumps({"id": "x1", "q_new": "q", "d_pos": "d",
+                                                         "negative_candidates": [{"id": "n", "abstract": "n"}]})])
+    cases = [
+        ("eval/eval_beir.py", ["--data", str(IR_TINY), "--model", str(evil), "--device", "cpu", "--cache_dir", "none"]),
+        ("differentiation/07_embed_candidates.py", ["--input_jsonl", str(expansion), "--output_dir",
+                                                    str(tmp_path / "emb"), "--model", str(evil), "--device", "cpu"]),
+        ("training/10_train_lora.py", ["--train_data", str(t0), "--output_dir", str(tmp_path / "out"), "--model",
+                                       str(tiny_model_dir), "--init_adapter", str(evil),
+                                       "--device", "cpu", "--max_steps", "1", "--no_progress"]),
+    ]
+    expected = f"error: {evil / 'adapter_model.bin'}: not loadable with torch.load(weights_only=True) ("
+    wrong = []
+    for script, args in cases:
+        proc = run(script, *args, env={"REPAIR_CACHE": str(tmp_path / "cache")})
+        try:
+            line = error_line(proc)
+            assert line.startswith(expected) and "GLOBAL exec" in line, line
+        except AssertionError as exc:
+            wrong.append(f"{script}: {exc}")
+    assert not wrong, "\n".join(wrong)
+    assert not marker.exists()
+    assert not (tmp_path / "emb" / "meta.json").exists() and not (tmp_path / "out" / "adapter_config.json").exists()
