@@ -31,6 +31,12 @@ logger = logging.getLogger(__name__)
 QUERY_KEYS = ("paper_Title", "query", "question")
 PASSAGE_KEYS = ("paper_abstract", "passage", "positive", "abstract", "text")
 LIST_CONTAINERS = ("data", "items", "records", "examples")
+# A triplet line (08's hard negatives, 09's training data, 09b's output): the one schema 08, 09, 09b and the trainer
+# check, so a file one of them refuses is refused by all, with the same file:line:field message.
+TRIPLET_REQUIRED = {"query": str, "pos_document": str}
+TRIPLET_OPTIONAL = {"id": (str, int), "d_neg": str, "hard_negatives": list[str], "hard_negative_scores": list,
+                    "negative_sources": list[str], "negative_traces": list, "concepts": list[str], "source": str,
+                    "n_candidates": int}
 
 
 class DataError(ValueError):
@@ -456,6 +462,8 @@ def load_seed_jsonl(path: str | os.PathLike) -> SeedSet:
         if not any(k in rec for k in PASSAGE_KEYS):
             raise DataError(f"{path}:{lineno}: missing field 'positive' (or one of {PASSAGE_KEYS})")
         records.append((f"{path}:{lineno}", rec))
+    if not records:  # an empty T0 is a broken input, never a training set of size 0
+        raise DataError(f"{path}: no rows to read (an empty file)")
     return _seed_from_records(records, str(path))
 
 

@@ -77,3 +77,59 @@ def test_a_pickled_adapter_holding_code_is_refused_in_one_line(tmp_path, adapter
     assert not wrong, "\n".join(wrong)
     assert not marker.exists()
     assert not (tmp_path / "emb" / "meta.json").exists() and not (tmp_path / "out" / "adapter_config.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------- malformed input
+EXPANSION_LINE = {"id": "x1", "q_new": "query", "d_pos": "positive text",
+                  "negative_candidates": [{"id": "n1", "title": "t", "abstract": "negative text"}]}
+TRIPLET_LINE = {"query": "query", "pos_document": "positive text", "hard_negatives": ["n1", "n2"]}
+# script -> (a good line of its input, the line with a string where a list goes, the line without a field, the
+# missing field, the message of a missing file, the message of an empty file, the command line for an input FILE)
+MALFORMED = {
+    "08": ("differentiation/08_hard_negative_selection.py", EXPANSION_LINE,
+           {**EXPANSION_LINE, "negative_candidates": "negative text"}, "negative_candidates", "d_pos",
+           "no such file", "no tuples to read (0 lines)",
+           lambda f, out: ["--input_jsonl", f, "--embedding_dir", str(out / "emb"), "--output_jsonl", str(out / "o")]),
+    "09": ("differentiation/09_consistency_filter.py", TRIPLET_LINE, {**TRIPLET_LINE, "concepts": "Fe2O3"},
+           "concepts", "pos_document", "no such file", "no tuples to read (0 lines)",
+           lambda f, out: ["--input_jsonl", f, "--embedding_dir", str(out / "emb"), "--output_jsonl", str(out / "o")]),
+    "09b": ("differentiation/09b_counterfactual_negatives.py", TRIPLET_LINE, {**TRIPLET_LINE, "concepts": "Fe2O3"},
+            "concepts", "pos_document", "seed training data not found", "no rows to read (an empty file)",
+            lambda f, out: ["--input", f, "--output_jsonl", str(out / "o"), "--config", "mined", "--corpus",
+                            str(IR_TINY)]),
+    "10": ("training/10_train_lora.py", TRIPLET_LINE, {**TRIPLET_LINE, "concepts": "Fe2O3"}, "concepts",
+           "pos_document", "no such triplet file", None,
+           lambda f, out: ["--triplets", f, "--output_dir", str(out / "o"), "--max_steps", "1", "--device", "cpu"]),
+}
+
+
+@pytest.mark.parametrize("case", ["bad_json", "string_for_list", "missing_field", "empty_file", "missing_file"])
+@pytest.mark.parametrize("stage", sorted(MALFORMED))
+def test_malformed_input_to_08_09_09b_10_is_one_line_naming_file_line_field(tmp_path, tiny_model_dir, stage, case):
+    """Issue 32: each of 08, 09, 09b and 10 answers each malformed input with exit 2 and one line naming the file, the
+    line and the field (one triplet schema, repair.data.TRIPLET_*, checked by all four). Before: 10 trained on a line
+    09 refuses (a string for the list 'concepts'), 09b wrote an empty output for an empty input (exit 0), and 10's
+    empty-input message named no file."""
+    script, good, as_string, list_field, dropped, no_file, empty, command = MALFORMED[stage]
+    f = tmp_path / "input.jsonl"
+    good_line = json.dumps(good)
+    if case == "bad_json":
+        write(f, [good_line, '{"query": "q", "pos_document": "no closing quote'])
+        expected = f"{f}:2: invalid JSON (Invalid control character at column 49)"  # the newline inside the string
+    elif case == "string_for_list":
+        write(f, [good_line, json.dumps(as_string)])
+        expected = f"{f}:2: field '{list_field}' must be list"
+    elif case == "missing_field":
+        write(f, [good_line, json.dumps({k: v for k, v in good.items() if k != dropped})])
+        expected = f"{f}:2: missing field '{dropped}'"
+    elif case == "empty_file":
+        write(f, [])
+        expected = f"{f}: {empty}" if empty else f"{f}: no usable (query, positive) pair to train on ({f}: 0 rows)"
+    else:
+        expected = f"{f}: {no_file}"
+    model = ["--model", str(tiny_model_dir)] if stage == "10" else []
+    proc = run(script, *command(str(f), tmp_path), *model, "--log_level", "WARNING",
+               env={"REPAIR_CACHE": str(tmp_path / "cache")})
+    assert error_line(proc).startswith(f"error: {expected}")
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir()) if stage == "10" else \
+        not (tmp_path / "o").exists()
