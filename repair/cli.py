@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 
 from .models import DEFAULT_MODEL
 from .runtime import cache_dir_flag, cache_root
+from .text import char_cap_help
 
 if TYPE_CHECKING:
     from .encoding import Retriever
@@ -51,7 +52,7 @@ def add_retriever_args(parser: argparse.ArgumentParser, default_model: str = DEF
     if encoding:
         g.add_argument("--adapter", default=None, help="LoRA adapter folder to apply on the base model")
     g.add_argument("--max_length", type=int, default=default_max_length,
-                   help="max tokens per text incl. EOS (default: %(default)s)")
+                   help=f"max tokens per text incl. EOS; {char_cap_help()} (default: %(default)s)")
     if encoding:
         g.add_argument("--batch_size", type=int, default=32, help="texts per forward pass (default: %(default)s)")
     g.add_argument("--pooling", default=None, choices=["eos", "mean"],
