@@ -133,3 +133,84 @@ def test_malformed_input_to_08_09_09b_10_is_one_line_naming_file_line_field(tmp_
     assert error_line(proc).startswith(f"error: {expected}")
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir()) if stage == "10" else \
         not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------------------------------------- killed runs
+def _run_killed(code: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter that SIGKILLs itself at the point the code picks (kill -9: no handler,
+    no cleanup, no atexit), and return the finished process."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=cwd,
+                          timeout=600)
+
+
+KILL_IN_FINAL_SAVE = """
+import os, runpy, signal, sys
+from peft import PeftModel
+out = os.path.abspath(sys.argv[1])
+save = PeftModel.save_pretrained
+def save_then_die(self, directory, *args, **kwargs):
+    save(self, directory, *args, **kwargs)
+    if os.path.abspath(directory) == out:  # the final save (a checkpoint saves into checkpoints/.tmp-step-N)
+        os.kill(os.getpid(), signal.SIGKILL)  # weights and adapter_config.json written; tokenizer, args not yet
+PeftModel.save_pretrained = save_then_die
+sys.argv = ["training/10_train_lora.py", "--output_dir", out, *sys.argv[2:]]
+runpy.run_path("training/10_train_lora.py", run_name="__main__")
+"""
+
+
+def test_a_training_killed_while_saving_is_not_finished_and_resume_completes_it(tmp_path, tiny_model_dir):
+    """Issue 32: training_args.json is written when a run starts, so a run killed (SIGKILL) after save_pretrained
+    wrote adapter_config.json counted as finished: the driver's rerun (--resume) answered 'already finished' and the
+    next iteration loaded an adapter folder without its tokenizer. Finished now means the result written last."""
+    from repair.data import read_json
+    from repair.train import training_finished
+
+    t0 = write(tmp_path / "t0.jsonl", [json.dumps({"query": f"query {i}", "positive": f"passage {i}"})
+                                       for i in range(8)])
+    out = tmp_path / "adapter"
+    flags = ["--train_data", str(t0), "--model", str(tiny_model_dir), "--device", "cpu", "--max_steps", "2",
+             "--global_batch_size", "4", "--mini_batch_size", "4", "--max_length", "32", "--no_progress",
+             "--log_level", "WARNING"]
+    killed = _run_killed(KILL_IN_FINAL_SAVE, str(out), *flags)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert (out / "adapter_config.json").exists() and (out / "training_args.json").exists()
+    assert not (out / "tokenizer_config.json").exists()  # killed in the middle of saving the result
+    assert not training_finished(out)
+    resumed = run("training/10_train_lora.py", "--output_dir", str(out), *flags, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert training_finished(out) and (out / "tokenizer_config.json").exists()
+    assert read_json(out / "training_args.json")["result"]["status"] == "finished"
+
+
+KILL_BEFORE_META = """
+import os, runpy, signal, sys
+import repair.embedding_dir as e
+def die(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)  # every array and text file written, the meta (the done marker) not
+e.write_embedding_meta = die
+sys.argv = ["differentiation/07_embed_candidates.py", *sys.argv[1:]]
+runpy.run_path("differentiation/07_embed_candidates.py", run_name="__main__")
+"""
+
+
+def test_an_embedding_killed_before_its_meta_leaves_a_dir_no_later_step_trusts(tmp_path, tiny_model_dir):
+    """07 removes meta.json first and writes it last: a rerun killed (SIGKILL) after writing every array leaves a dir
+    that 08 refuses in one line, never the earlier run's vectors under the new texts."""
+    from repair.embedding_dir import EmbedConfig, EmbeddingDir, run_embedding
+
+    first = write(tmp_path / "06a.jsonl", [json.dumps(EXPANSION_LINE)])
+    emb = tmp_path / "emb"
+    run_embedding(EmbedConfig([str(first)], str(emb), model=str(tiny_model_dir), device="cpu", cache_dir="none",
+                              max_length=32))
+    assert EmbeddingDir.open(emb).queries.shape[0] == 1
+    second = write(tmp_path / "06b.jsonl", [json.dumps({**EXPANSION_LINE, "id": "x2", "q_new": "another query"})])
+    killed = _run_killed(KILL_BEFORE_META, "--input_jsonl", str(second), "--output_dir", str(emb), "--model",
+                         str(tiny_model_dir), "--device", "cpu", "--cache_dir", "none", "--max_length", "32")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert (emb / "queries.npy").exists() and not (emb / "meta.json").exists()
+    proc = run("differentiation/08_hard_negative_selection.py", "--input_jsonl", str(second), "--embedding_dir",
+               str(emb), "--output_jsonl", str(tmp_path / "hn.jsonl"))
+    assert error_line(proc) == (f"error: {emb}: no meta.json; not a complete embedding dir (run "
+                                f"differentiation/07_embed_candidates.py, or let it finish)")
+    assert not (tmp_path / "hn.jsonl").exists()
