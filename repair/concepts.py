@@ -303,7 +303,7 @@ class TokenClassificationExtractor:
         self.budget = max_length - tokenizer.num_special_tokens_to_add(pair=False)
         if self.budget < 1:
             raise ValueError(f"max_length {max_length} leaves no room for tokens")
-        # a text is read up to repair.encoding.char_budget(max_text_tokens) characters (4096 tokens: ~400k
+        # a text is read up to repair.text.char_budget(max_text_tokens) characters (4096 tokens: ~400k
         # characters, far beyond an abstract), so one huge line cannot hold the tokenizer for minutes and GBs
         self.max_text_tokens = int(max_text_tokens)
 
@@ -383,7 +383,7 @@ class TokenClassificationExtractor:
                  block: int = 4096) -> list[dict[str, list[str]]]:
         """Per text: ``{type: [entities in first-occurrence order]}`` for the kept types (MatDetector:
         ``{"matname": [...], "mf": [...]}``)."""
-        from .encoding import cap_chars
+        from .text import cap_chars
 
         show = len(texts) > 200 if show_progress is None else show_progress
         out: list[dict[str, list[str]]] = [{t: [] for t in self.types} for _ in texts]

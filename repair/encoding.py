@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from .models import DEFAULT_MODEL, ModelSpec, resolve_model
 from .runtime import default_dtype, dist_info, pick_device
-from .text import MAX_CHARS_PER_TOKEN, cap_chars, char_budget  # noqa: F401  (torch-free: the --help texts state it)
+from .text import cap_chars  # the character cap before tokenising (torch-free: every --help states it)
 
 logger = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from repair.encoding import (DEFAULT_INSTRUCTION, EOS_FORMAT, MAX_CHARS_PER_TOKEN, PLAIN_FORMAT, Retriever, char_budget,
-                             fill_template,
-                             last_token_pool, mean_pool)
+from repair.encoding import (DEFAULT_INSTRUCTION, EOS_FORMAT, PLAIN_FORMAT, Retriever, fill_template, last_token_pool,
+                             mean_pool)
+from repair.text import MAX_CHARS_PER_TOKEN, char_budget
 
 TEXTS = [
     "Venetoclax is a selective BCL-2 inhibitor approved for chronic lymphocytic leukemia.",
