@@ -261,7 +261,9 @@ for ((k = 1; k <= ITERS; k++)); do
   step "iter$k.09_consistency" "" "$PYTHON" "$HERE/differentiation/09_consistency_filter.py" \
     --input_jsonl "$DIF/hard_negatives.bottom_${PP}pct.jsonl" --embedding_dir "$DIF/embeddings" --output_jsonl "$FINAL" \
     --top_k "$TOP_K" --consistency_k "$CONSISTENCY_K" --pool "$POOL" --stats_json "$DIF/consistency_stats.json"
-  if [[ "$NEGATIVES" == causalneg ]]; then
+  if [[ "$NEGATIVES" == causalneg && ! -s "$FINAL" ]]; then
+    say "skip  iter$k.09b_counterfactual (09 kept no tuple: $FINAL is empty)"  # 09b refuses an empty input
+  elif [[ "$NEGATIVES" == causalneg ]]; then
     CN="$DIF/final_train_data.causalneg.bottom_${PP}pct.jsonl"
     CN_RESUME=(); [[ -f "$CN" ]] && CN_RESUME=(--resume)
     # shellcheck disable=SC2086

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 
 from repair.models import DEFAULT_MODEL
 from repair.runtime import cache_dir_flag, cache_root
+from repair.text import char_cap_help
 
 if TYPE_CHECKING:
     from repair.encoding import Retriever
@@ -27,7 +28,7 @@ DEBUG_ENV = "REPAIR_DEBUG"
 # so that this module imports none of them (an exception of a module never imported cannot have been raised).
 USER_ERROR_CLASSES = (
     ("repair.data", "DataError"),                  # malformed input file (names file, line, field)
-    ("repair.diagnosis.margins", "RunMismatchError"),      # a stage's input comes from another run / percentile
+    ("repair.diagnosis.margins.margins", "RunMismatchError"),      # a stage's input comes from another run / percentile
     ("repair.expansion.sources.http", "SourceError"),        # an external service refused (bad key, quota)
     ("repair.models", "ModelError"),               # a model name that resolves to nothing
 )
@@ -51,7 +52,7 @@ def add_retriever_args(parser: argparse.ArgumentParser, default_model: str = DEF
     if encoding:
         g.add_argument("--adapter", default=None, help="LoRA adapter folder to apply on the base model")
     g.add_argument("--max_length", type=int, default=default_max_length,
-                   help="max tokens per text incl. EOS (default: %(default)s)")
+                   help=f"max tokens per text incl. EOS; {char_cap_help()} (default: %(default)s)")
     if encoding:
         g.add_argument("--batch_size", type=int, default=32, help="texts per forward pass (default: %(default)s)")
     g.add_argument("--pooling", default=None, choices=["eos", "mean"],

@@ -35,6 +35,12 @@ LIST_CONTAINERS = ("data", "items", "records", "examples")
 # (08/09, CausalNeg's 09b, the trainer's data and QEM loss) must agree on them, so the file contract owns them.
 MINED, GENERATED = "mined", "generated"
 NEGATIVE_SOURCES = (MINED, GENERATED)
+# A triplet line (08's hard negatives, 09's training data, 09b's output): the one schema 08, 09, 09b and the trainer
+# check, so a file one of them refuses is refused by all, with the same file:line:field message.
+TRIPLET_REQUIRED = {"query": str, "pos_document": str}
+TRIPLET_OPTIONAL = {"id": (str, int), "d_neg": str, "hard_negatives": list[str], "hard_negative_scores": list,
+                    "negative_sources": list[str], "negative_traces": list, "concepts": list[str], "source": str,
+                    "n_candidates": int}
 
 
 class DataError(ValueError):
@@ -425,6 +431,10 @@ def load_torch_file(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
         marker = "WeightsUnpickler error:"
         if marker in text:
             text = text.split(marker, 1)[1].split("Check the documentation", 1)[0].split(" Please use", 1)[0]
+        elif text.startswith("Weights only load failed"):  # torch >= 2.10: the reason is its own paragraph
+            reasons = [part for part in text.split("\n\n")[1:] if part.strip()
+                       and not part.strip().startswith(("Check the documentation", "Please file an issue"))]
+            text = reasons[0] if reasons else text
         reason = " ".join(text.split()).rstrip(".") or type(exc).__name__
         raise DataError(f"{path}: not loadable with torch.load(weights_only=True) ({reason}): it holds objects "
                         f"other than tensors and plain containers, or is not a torch file") from None
@@ -456,6 +466,8 @@ def load_seed_jsonl(path: str | os.PathLike) -> SeedSet:
         if not any(k in rec for k in PASSAGE_KEYS):
             raise DataError(f"{path}:{lineno}: missing field 'positive' (or one of {PASSAGE_KEYS})")
         records.append((f"{path}:{lineno}", rec))
+    if not records:  # an empty T0 is a broken input, never a training set of size 0
+        raise DataError(f"{path}: no rows to read (an empty file)")
     return _seed_from_records(records, str(path))
 
 

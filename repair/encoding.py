@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from repair.models import DEFAULT_MODEL, ModelSpec, resolve_model
 from repair.runtime import default_dtype, dist_info, pick_device
+from repair.text import cap_chars  # the character cap before tokenising (torch-free: every --help states it)
 
 logger = logging.getLogger(__name__)
 
@@ -38,26 +39,6 @@ DEFAULT_INSTRUCTION = "Given a query, retrieve passages that are relevant to the
 QUERY_TEMPLATE = "{instruction}\nQuery: {text}"
 PASSAGE_TEMPLATE = "Represent this passage.\nPassage: {text}"
 _FIELD = re.compile(r"\{(instruction|text)\}")
-
-# Character budget per token. A tokenizer reads the whole string before truncating it, so one 50 MB line cost
-# 6 GB and 136 s in stage 01. Every text is cut to ``max_tokens * MAX_CHARS_PER_TOKEN`` characters before it
-# reaches a tokenizer: ordinary prose runs at 4-5 characters per token, the longest token of SmolLM2's BPE
-# vocabulary is 81 characters and WordPiece looks at words of at most 100, so the cut never changes the first
-# ``max_tokens`` ids of a text unless they average more than 100 characters each (long runs of characters the
-# tokenizer drops), and tokenising costs at most ~100 x max_length characters per text.
-MAX_CHARS_PER_TOKEN = 100
-
-
-def char_budget(max_tokens: int) -> int:
-    """Characters of a text that can matter for its first ``max_tokens`` tokens (:data:`MAX_CHARS_PER_TOKEN`)."""
-    return int(max_tokens) * MAX_CHARS_PER_TOKEN
-
-
-def cap_chars(texts: Sequence[str], max_tokens: int) -> list[str]:
-    """Each text cut to :func:`char_budget` characters: what may go into a tokenizer that keeps ``max_tokens``."""
-    budget = char_budget(max_tokens)
-    return [t if len(t) <= budget else t[:budget] for t in texts]
-
 
 @dataclass(frozen=True)
 class TextFormat:

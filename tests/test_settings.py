@@ -264,3 +264,85 @@ def test_t0_steps_is_the_trainers_count_of_epochs_over_t0():
     assert out.returncode == 0, out.stderr
     values = dict(line.split("=", 1) for line in out.stdout.splitlines())
     assert (values["T0_SIZE"], values["T0_STEPS"]) == ("16", "12")
+
+
+def _hub_snapshot(hf_home: Path, repo_id: str, files: dict[str, str]) -> None:
+    """A model in the Hugging Face hub cache layout (refs/main -> snapshots/<commit>/...), as a download leaves it."""
+    repo = hf_home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    for name, text in files.items():
+        (snapshot / name).write_text(text)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+
+
+def test_models_are_resolved_up_front_without_weights(tmp_path):
+    """Issue 32: MODEL / GEN_MODEL / NER_MODEL are resolved by the driver's check (alias, folder with a config, or a
+    hub id in the cache), not 2 s later in the first step; a hub id outside the cache is refused only offline."""
+    hf = tmp_path / "hf"
+    offline = {"TRAIN_DATA": str(TINY), "HF_HUB_OFFLINE": "1", "HF_HOME": str(hf)}
+    online = {"TRAIN_DATA": str(TINY), "HF_HOME": str(hf)}
+    cache = hf / "hub"
+    assert problems_for({**offline, "MODEL": "Qwen/Qwen2.5-0.5B"}) == [
+        f"MODEL: 'Qwen/Qwen2.5-0.5B' is not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE=1 forbids "
+        f"downloading it (download it first with network, or use a local folder or an alias: minilm, "
+        f"qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m)"]
+    assert problems_for({**online, "MODEL": "Qwen/Qwen2.5-0.5B"}) == []  # a GPU node downloads it in step one
+    _hub_snapshot(hf, "Qwen/Qwen2.5-0.5B", {"config.json": '{"model_type": "qwen2"}'})
+    assert problems_for({**offline, "MODEL": "Qwen/Qwen2.5-0.5B"}) == []  # cached: fine offline
+    assert problems_for({**online, "MODEL": "no such model!"}) == [
+        "MODEL not found: no such model! (an alias, a local model folder, or a Hugging Face id like org/name)"]
+    empty = tmp_path / "empty_folder"
+    empty.mkdir()
+    assert problems_for({**online, "MODEL": str(empty)}) == [
+        f"MODEL: '{empty}' is not a model folder (no config.json) nor a LoRA adapter folder (no adapter_config.json)"]
+    # an adapter folder given as MODEL stands for its base, which is checked the same way
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "org/uncached"}))
+    assert problems_for({**offline, "MODEL": str(adapter)}) == [
+        f"MODEL: the base of adapter {adapter}: 'org/uncached' is not in the Hugging Face cache ({cache}) and "
+        f"HF_HUB_OFFLINE=1 forbids downloading it (download it first with network, or use a local folder or an "
+        f"alias: minilm, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m)"]
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "smollm2-135m"}))
+    assert problems_for({**offline, "MODEL": str(adapter)}) == []
+    # GEN_MODEL is a model for the hf generator, a served model's name for openai; NER_MODEL only for matdetector
+    assert problems_for({**offline, "GEN_MODEL": "org/gen"})[0].startswith("GEN_MODEL: 'org/gen' is not in the")
+    assert problems_for({**offline, "GEN_MODEL": "org/gen", "GENERATOR": "openai",
+                         "OPENAI_URL": "http://127.0.0.1:1/v1"}) == []
+    assert problems_for({**offline, "EXTRACTOR": "matdetector"})[0].startswith(
+        "NER_MODEL: 'yerim0210/MatDetector' is not in the Hugging Face cache")
+    assert problems_for({**offline, "MODEL": "minilm"}) == []  # aliases resolve to packaged files
+
+
+def test_every_eval_data_entry_is_checked_with_the_files_its_task_reads(tmp_path):
+    """Issue 32: each EVAL_DATA entry parses (task known) and holds what its task reads for EVAL_SPLIT (BEIR:
+    corpus, queries, qrels/<split>.tsv; STS: one pairs file), checked before any work, as the evaluation would."""
+    base = {"TRAIN_DATA": str(TINY)}
+    eval_dir = ROOT / "tests" / "fixtures" / "eval"
+    good = f"scifact:ir:{TINY} biosses:sts:{eval_dir / 'biosses-tiny.jsonl'} {ROOT / 'data' / 'biosses'}"
+    assert problems_for({**base, "EVAL_DATA": good}) == []
+    problems = problems_for({**base, "EVAL_DATA": good, "EVAL_SPLIT": "dev"})
+    assert problems == [f"EVAL_DATA entry 'scifact:ir:{TINY}': {TINY / 'qrels' / 'dev.tsv'}[.gz]: not found "
+                        f"(scifact, task ir). Get it: BEIR SciFact: https://public.ukp.informatik.tu-darmstadt.de/"
+                        f"thakur/BEIR/datasets/scifact.zip (unzip; pass the scifact/ folder). Expected a BEIR folder: "
+                        f"corpus.jsonl[.gz] ({{_id, title, text}} per line), queries.jsonl ({{_id, text}}) and "
+                        f"qrels/<split>.tsv (header, then query-id<TAB>corpus-id<TAB>score). See docs/evaluation.md."]
+    no_corpus = tmp_path / "nfcorpus"
+    (no_corpus / "qrels").mkdir(parents=True)
+    (no_corpus / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n")
+    (no_corpus / "queries.jsonl").write_text("")
+    assert problems_for({**base, "EVAL_DATA": str(no_corpus)})[0].startswith(
+        f"EVAL_DATA entry '{no_corpus}': {no_corpus / 'corpus.jsonl'}[.gz]: not found (nfcorpus, task ir)")
+    no_pairs = tmp_path / "biosses_folder"
+    no_pairs.mkdir()
+    assert problems_for({**base, "EVAL_DATA": f"sts:{no_pairs}"})[0].startswith(
+        f"EVAL_DATA entry 'sts:{no_pairs}': {no_pairs}/*.jsonl: not found (biosses_folder, task sts)")
+    assert problems_for({**base, "EVAL_DATA": f"scifact:irr:{TINY}"}) == [
+        f"EVAL_DATA entry 'scifact:irr:{TINY}': dataset 'scifact:irr:{TINY}': unknown task 'irr' in NAME:TASK:PATH "
+        f"(expected one of ir, qa, mesh, relish, sts)"]
+    # a BEIR folder passed as STS is caught too: which of its JSONL files would be the pairs?
+    assert problems_for({**base, "EVAL_DATA": f"sts:{TINY}"}) == [
+        f"EVAL_DATA entry 'sts:{TINY}': {TINY}: several *.jsonl files (corpus.jsonl, queries.jsonl); pass the pairs "
+        f"file itself"]

@@ -1,7 +1,7 @@
 """Concept extraction: the concepts (materials, formulas, acronyms, named entities) of each document's text.
 
 Stage I's PathA scores concepts by how often they appear in the documents that confuse the retriever
-(:mod:`repair.diagnosis.ccs`); this module only says which concepts a text holds. Two extractors share one interface
+(:mod:`repair.diagnosis.margins.ccs`); this module only says which concepts a text holds. Two extractors share one interface
 (``extractor(texts) -> list[list[str]]``, concepts in first-occurrence order, de-duplicated per text), so
 the scoring never knows which one ran:
 
@@ -303,7 +303,7 @@ class TokenClassificationExtractor:
         self.budget = max_length - tokenizer.num_special_tokens_to_add(pair=False)
         if self.budget < 1:
             raise ValueError(f"max_length {max_length} leaves no room for tokens")
-        # a text is read up to repair.encoding.char_budget(max_text_tokens) characters (4096 tokens: ~400k
+        # a text is read up to repair.text.char_budget(max_text_tokens) characters (4096 tokens: ~400k
         # characters, far beyond an abstract), so one huge line cannot hold the tokenizer for minutes and GBs
         self.max_text_tokens = int(max_text_tokens)
 
@@ -383,7 +383,7 @@ class TokenClassificationExtractor:
                  block: int = 4096) -> list[dict[str, list[str]]]:
         """Per text: ``{type: [entities in first-occurrence order]}`` for the kept types (MatDetector:
         ``{"matname": [...], "mf": [...]}``)."""
-        from repair.encoding import cap_chars
+        from repair.text import cap_chars
 
         show = len(texts) > 200 if show_progress is None else show_progress
         out: list[dict[str, list[str]]] = [{t: [] for t in self.types} for _ in texts]

@@ -21,15 +21,17 @@ from typing import Any, Sequence
 import numpy as np
 
 from repair.data import MINED, NEGATIVE_SOURCES, DataError, iter_jsonl, validate_record
+from repair.data import TRIPLET_OPTIONAL as _TRIPLET_OPTIONAL
+from repair.data import TRIPLET_REQUIRED as _TRIPLET_REQUIRED
 
 logger = logging.getLogger(__name__)
 
 # negative_candidates items are checked in the loop that reads them (one pass instead of a recursive type check)
 EXPANSION_REQUIRED = {"id": (str, int), "q_new": str, "d_pos": str, "negative_candidates": list}
-TRIPLET_REQUIRED = {"query": str, "pos_document": str, "hard_negatives": list[str]}
+# 08 / 09 rank a triplet line's listed negatives: here the list is required
+TRIPLET_REQUIRED = {**_TRIPLET_REQUIRED, "hard_negatives": list[str]}
 COMMON_OPTIONAL = {"concepts": list[str], "source": str, "negative_sources": list[str], "negative_traces": list}
-# input scores are not read (step 9 rescores from the embedding dir), so they are not validated either
-TRIPLET_OPTIONAL = {"id": (str, int), "n_candidates": int, **COMMON_OPTIONAL}
+TRIPLET_OPTIONAL = _TRIPLET_OPTIONAL
 
 
 class TextTable:

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from repair.data import write_json
 from repair.driver.settings_table import SETTINGS, Setting
+from repair.models import check_model_name
 from repair.training.config import CAUSALNEG_QEM_LAMBDA, TrainConfig, epoch_steps
 
 RECORD_FILE = "settings.json"
@@ -201,6 +202,24 @@ def _seed_split_problem(path: Path, split: str) -> str | None:
     return f"TRAIN_SPLIT={split!r}: {qrels} has no {split}.tsv (splits there: {', '.join(have) or 'none'})"
 
 
+def _eval_spec_problem(spec: str, split: str) -> str | None:
+    """What the evaluation would refuse about one EVAL_DATA entry (its form, task and files for ``split``), found by
+    the very checks it runs before loading a model (:func:`repair.evaluation.benchmarks.check_dataset`)."""
+    from repair.evaluation.benchmarks import check_dataset, parse_dataset_spec
+    from repair.data import DataError
+
+    path = spec.rsplit(":", 1)[-1]
+    try:
+        parsed = parse_dataset_spec(spec)
+        parsed = type(parsed)(parsed.name, parsed.task, parsed.path.expanduser(), parsed.options)
+        if not parsed.path.exists():
+            return f"EVAL_DATA entry not found: {path} (from '{spec}')"
+        check_dataset(parsed, split)
+    except (ValueError, OSError, DataError) as exc:
+        return f"EVAL_DATA entry '{spec}': {exc}"
+    return None
+
+
 def validate(resolved: Resolved, environ: Mapping[str, str]) -> list[str]:
     """Every problem with the settings, one message each naming the setting (empty = all good)."""
     v = resolved.values
@@ -231,6 +250,10 @@ def validate(resolved: Resolved, environ: Mapping[str, str]) -> list[str]:
             elif _looks_like_path(value) and not Path(value).expanduser().exists():
                 bad(s.name, f"{s.name} not found: {value} (a local model folder; a Hugging Face id looks like "
                             f"org/name)")
+            elif not (s.name == "GEN_MODEL" and v["GENERATOR"] == "openai"):  # openai: a served model's name
+                problem = check_model_name(value, environ)
+                if problem:
+                    bad(s.name, f"{s.name} {problem}" if problem.startswith("not found") else f"{s.name}: {problem}")
         elif s.kind == "adapter" and value:
             problem = _adapter_problem(s.name, value)
             if problem:
@@ -250,9 +273,9 @@ def validate(resolved: Resolved, environ: Mapping[str, str]) -> list[str]:
         if not v[name]:
             bad(name, f"{name} must not be empty")
     for spec in v["EVAL_DATA"].split():
-        path = spec.rsplit(":", 1)[-1]
-        if not Path(path).expanduser().exists():
-            bad("EVAL_DATA", f"EVAL_DATA entry not found: {path} (from '{spec}')")
+        problem = _eval_spec_problem(spec, v["EVAL_SPLIT"])
+        if problem:
+            bad("EVAL_DATA", problem)
     train_data_found = bool(v["TRAIN_DATA"]) and Path(v["TRAIN_DATA"]).expanduser().exists()
     if v["SOURCE"] == "local":
         if not v["LOCAL_CORPUS"] and train_data_found:  # (a missing TRAIN_DATA is the one problem to name)

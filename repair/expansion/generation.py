@@ -87,6 +87,9 @@ class HFGenerator:
     def _merge_adapter(self, adapter: str) -> None:
         from peft import PeftModel
 
+        from repair.models import check_adapter_weights
+
+        check_adapter_weights(adapter)  # a pickled adapter holding code: one line naming the file
         if _adapter_targets_inner_model(adapter):
             inner = self.model.get_decoder()
             merged = PeftModel.from_pretrained(inner, adapter).merge_and_unload()

@@ -24,14 +24,12 @@ import numpy as np
 import torch
 
 from repair.data import NEGATIVE_SOURCES as SOURCES
-from repair.data import DataError, iter_jsonl, load_seed
+from repair.data import TRIPLET_OPTIONAL, TRIPLET_REQUIRED, DataError, iter_jsonl, load_seed
 from repair.training.losses import BatchTargets
 from repair.tables import text_table
 
 logger = logging.getLogger(__name__)
 
-TRIPLET_REQUIRED = {"query": str, "pos_document": str}
-TRIPLET_OPTIONAL = {"d_neg": str, "hard_negatives": list[str], "negative_sources": list[str]}
 
 
 @dataclass(frozen=True)
@@ -150,8 +148,11 @@ def load_training_data(train_data: Sequence[str] = (), triplets: Sequence[str] =
         st.negatives += len(keep)
         st.generated += sum(s == "generated" for _, s in keep)
         examples.append(TrainExample(query, positive, tuple(n for n, _ in keep), tuple(s for _, s in keep)))
-    if not examples:
-        raise DataError("the training data holds no usable (query, positive) pair")
+    if not examples:  # name each input and what it held (an empty triplet file alone is legitimate: 09 kept none)
+        held = "; ".join(f"{st.name}: {st.rows} rows" + (f", {st.dropped_empty} with an empty query or positive"
+                                                          if st.dropped_empty else "") for st in stats)
+        names = ", ".join(st.name for st in stats)
+        raise DataError(f"{names}: no usable (query, positive) pair to train on ({held})")
     return TrainingData(examples, {q: frozenset(p) for q, p in positives.items()}, stats)
 
 

@@ -271,11 +271,19 @@ def _trim_log(path: Path, step: int) -> None:
 
 
 def training_finished(output_dir: str | os.PathLike) -> bool:
-    """A finished run: its arguments and the saved model (full fine-tuning) or adapter (LoRA). Callers that
-    orchestrate runs (the quality study) ask this instead of guessing from file names."""
+    """A finished run: the saved model (full fine-tuning) or adapter (LoRA) and its arguments with the run's result,
+    which :func:`save_final` writes last. The arguments file written when a run starts has no result, so a run killed
+    while saving (its config written, its weights half written) is not finished: ``--resume`` saves it again instead
+    of reporting it done. Callers that orchestrate runs (the quality study) ask this instead of guessing from file
+    names."""
     output_dir = Path(output_dir)
-    return (output_dir / ARGS_FILE).exists() and ((output_dir / "adapter_config.json").exists()
-                                                 or (output_dir / "config.json").exists())
+    if not ((output_dir / "adapter_config.json").exists() or (output_dir / "config.json").exists()):
+        return False
+    try:
+        result = read_json(output_dir / ARGS_FILE).get("result")
+    except (OSError, ValueError, AttributeError):  # missing, or not a JSON object
+        return False
+    return isinstance(result, dict) and result.get("status") == "finished"
 
 
 def _check_output_dir(cfg: TrainConfig, output_dir: Path) -> bool:
@@ -491,7 +499,8 @@ def train(cfg: TrainConfig) -> dict:
 
 
 def save_final(output_dir: Path, retriever: Retriever, settings: dict) -> None:
-    """``save_pretrained`` adapter (or full model) + tokenizer + training_args.json, loadable as in the README."""
+    """``save_pretrained`` adapter (or full model) + tokenizer + training_args.json, loadable as in the README.
+    training_args.json with the result goes last: it is what marks the folder finished (:func:`training_finished`)."""
     retriever.model.save_pretrained(output_dir)
     retriever.tokenizer.save_pretrained(output_dir)
     write_json(output_dir / ARGS_FILE, settings)

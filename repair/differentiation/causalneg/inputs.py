@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repair.data import MINED, NEGATIVE_SOURCES, DataError, iter_jsonl, load_seed
+from repair.data import MINED, NEGATIVE_SOURCES, TRIPLET_OPTIONAL, TRIPLET_REQUIRED, DataError, iter_jsonl, load_seed
 from repair.text import word_key
 
 
@@ -41,9 +41,6 @@ def item_key(query: str, positive: str) -> str:
     return hashlib.sha1(f"{query.strip()}\x00{positive.strip()}".encode()).hexdigest()[:16]
 
 
-TRIPLET_REQUIRED = {"query": str, "pos_document": str}
-TRIPLET_OPTIONAL = {"id": (str, int), "hard_negatives": list[str], "hard_negative_scores": list,
-                    "negative_sources": list[str], "negative_traces": list, "d_neg": str}
 _REWRITTEN = {"query", "pos_document", "hard_negatives", "hard_negative_scores", "d_neg", "negative_sources",
               "negative_traces", "key", "negatives_config", "generation"}
 
