@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from repair.data import (file_sha256, iter_jsonl, load_beir, load_qrels, load_seed, read_jsonl, read_lines, write_jsonl,
                          write_lines)
-from repair.evaluation.evaluate.beir_slice import write_beir_slice
+from repair.evaluation.beir_slice import write_beir_slice
 from repair.driver.steps import step_outputs, write_outputs
 from repair.encoding import link_cache
 from repair.tables import markdown_table

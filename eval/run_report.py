@@ -20,7 +20,7 @@ from pathlib import Path
 from repair.cli import run_script
 from repair.driver.model_card import refresh_run_cards
 from repair.models import adapter_base
-from repair.evaluation.evaluate.report import (
+from repair.evaluation.report import (
     ReportError,
     collect,
     counts_table,

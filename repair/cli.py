@@ -28,7 +28,7 @@ DEBUG_ENV = "REPAIR_DEBUG"
 # so that this module imports none of them (an exception of a module never imported cannot have been raised).
 USER_ERROR_CLASSES = (
     ("repair.data", "DataError"),                  # malformed input file (names file, line, field)
-    ("repair.diagnosis.margins.margins", "RunMismatchError"),      # a stage's input comes from another run / percentile
+    ("repair.diagnosis.margins", "RunMismatchError"),      # a stage's input comes from another run / percentile
     ("repair.expansion.sources.http", "SourceError"),        # an external service refused (bad key, quota)
     ("repair.models", "ModelError"),               # a model name that resolves to nothing
 )

@@ -412,7 +412,7 @@ def test_driver_gen_adapter_chooses_the_generators_lora(tiny_model_dir, tmp_path
 def test_report_tables_render_and_a_rewrite_never_loses_numbers(tmp_path):
     """A report rebuilt when its inputs are gone (or read under another PCT) used to replace the counts with
     dashes; and the |T0| headers broke the Markdown tables."""
-    from repair.evaluation.evaluate.report import ReportError, write_report
+    from repair.evaluation.report import ReportError, write_report
 
     run = tmp_path / "run"
     (run / "iter0" / "eval").mkdir(parents=True)

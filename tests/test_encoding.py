@@ -300,7 +300,7 @@ def test_ner_extractor_reads_a_text_up_to_its_char_budget(tmp_path):
     """The token-classification extractor cuts each text to char_budget(max_text_tokens) before splitting it."""
     from helpers_diagnosis import build_controlled_ner
 
-    from repair.diagnosis.margins.concepts import TokenClassificationExtractor
+    from repair.diagnosis.concepts import TokenClassificationExtractor
 
     folder = build_controlled_ner(tmp_path / "ner", {"carbon": "B-matname", "lithium": "B-matname"})
     ext = TokenClassificationExtractor.load(str(folder), device="cpu", max_text_tokens=8)

@@ -1,7 +1,7 @@
 """Concept extraction: the concepts (materials, formulas, acronyms, named entities) of each document's text.
 
 Stage I's PathA scores concepts by how often they appear in the documents that confuse the retriever
-(:mod:`repair.diagnosis.margins.ccs`); this module only says which concepts a text holds. Two extractors share one interface
+(:mod:`repair.diagnosis.ccs`); this module only says which concepts a text holds. Two extractors share one interface
 (``extractor(texts) -> list[list[str]]``, concepts in first-occurrence order, de-duplicated per text), so
 the scoring never knows which one ran:
 

@@ -3,7 +3,7 @@
 A benchmark is named by ``PATH``, ``TASK:PATH`` or ``NAME:TASK:PATH`` (:func:`parse_dataset_spec`); its name
 picks the task family (:func:`infer_task`) and the query instruction (:func:`dataset_instruction`), and
 :func:`check_dataset` fails fast, naming the missing file, where to get the data and the layout REPAIR
-expects. This is apart from :mod:`repair.evaluation.evaluate.evaluate` (which scores a retriever on the data) because it is
+expects. This is apart from :mod:`repair.evaluation.evaluate` (which scores a retriever on the data) because it is
 the user-facing contract of the ``eval/`` scripts: names, paths, sources and messages, no metrics.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from repair.data import DataError
 
-TASKS = ("ir", "qa", "mesh", "relish", "sts")  # task families (metric profiles: repair.evaluation.evaluate.evaluate.PROFILES)
+TASKS = ("ir", "qa", "mesh", "relish", "sts")  # task families (metric profiles: repair.evaluation.evaluate.PROFILES)
 
 # Where a user gets each benchmark (none but BIOSSES ships with REPAIR; docs/evaluation.md has the details).
 BEIR_URL = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{}.zip"
@@ -70,7 +70,7 @@ TASK_DEFAULT_DATASET = {"mesh": "mesh", "sts": "biosses", "relish": "relish"}
 
 
 def dataset_instruction(name: str, task: str, override: str | None = None) -> str:
-    """The query instruction for a dataset: ``override``, else the name's entry in :mod:`repair.evaluation.evaluate.instructions`,
+    """The query instruction for a dataset: ``override``, else the name's entry in :mod:`repair.evaluation.instructions`,
     else the task family's benchmark entry, else the generic default."""
     from repair.encoding import DEFAULT_INSTRUCTION  # torch: here, so the driver's settings check can use this module
     from repair.evaluation.instructions import instruction_for
