@@ -31,12 +31,10 @@ logger = logging.getLogger(__name__)
 QUERY_KEYS = ("paper_Title", "query", "question")
 PASSAGE_KEYS = ("paper_abstract", "passage", "positive", "abstract", "text")
 LIST_CONTAINERS = ("data", "items", "records", "examples")
-# The two values of a triplet's ``negative_sources`` (SCHEMAS.md): every stage that reads or writes triplets
-# (08/09, CausalNeg's 09b, the trainer's data and QEM loss) must agree on them, so the file contract owns them.
+# The file contract owns what every triplet reader and writer (08/09, 09b, the trainer's data and QEM) must agree on:
+# the values of ``negative_sources`` (SCHEMAS.md) and the one triplet schema (a line one refuses, all refuse alike).
 MINED, GENERATED = "mined", "generated"
 NEGATIVE_SOURCES = (MINED, GENERATED)
-# A triplet line (08's hard negatives, 09's training data, 09b's output): the one schema 08, 09, 09b and the trainer
-# check, so a file one of them refuses is refused by all, with the same file:line:field message.
 TRIPLET_REQUIRED = {"query": str, "pos_document": str}
 TRIPLET_OPTIONAL = {"id": (str, int), "d_neg": str, "hard_negatives": list[str], "hard_negative_scores": list,
                     "negative_sources": list[str], "negative_traces": list, "concepts": list[str], "source": str,
@@ -50,9 +48,7 @@ class DataError(ValueError):
 # ---------------------------------------------------------------------------------------------- JSONL IO
 def open_text(path: str | os.PathLike, mode: str = "rt"):
     path = str(path)
-    if path.endswith(".gz"):
-        return gzip.open(path, mode, encoding="utf-8")
-    return open(path, mode, encoding="utf-8")
+    return (gzip.open if path.endswith(".gz") else open)(path, mode, encoding="utf-8")
 
 
 def _type_name(tp: Any) -> str:
@@ -90,22 +86,19 @@ def validate_record(record: Any, where: str, required: dict[str, Any] | None = N
     """Check one decoded JSON object against field types; raise :class:`DataError` naming ``where`` and field."""
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    for name, tp in (required or {}).items():
-        if name not in record:
+    required, optional = required or {}, optional or {}
+    for name, tp in [*required.items(), *optional.items()]:  # an optional field may be absent or null
+        if name not in record and name in required:
             raise DataError(f"{where}: missing field '{name}'")
-        if not _matches(record[name], tp):
-            raise DataError(f"{where}: field '{name}' must be {_type_name(tp)}, got "
-                            f"{type(record[name]).__name__}: {str(record[name])[:80]!r}")
-    for name, tp in (optional or {}).items():
-        if name in record and record[name] is not None and not _matches(record[name], tp):
-            raise DataError(f"{where}: field '{name}' must be {_type_name(tp)}, got "
-                            f"{type(record[name]).__name__}: {str(record[name])[:80]!r}")
+        value = record.get(name)
+        if name in record and (value is not None or name in required) and not _matches(value, tp):
+            raise DataError(f"{where}: field '{name}' must be {_type_name(tp)}, got {type(value).__name__}: "
+                            f"{str(value)[:80]!r}")
     return record
 
 
 def json_error(where: str, exc: json.JSONDecodeError) -> DataError:
-    """``where: invalid JSON (<reason> at column N)``. Some of json's reasons already end in "at"
-    ("Unterminated string starting at"), which the plain format turned into "at at column"."""
+    """``where: invalid JSON (<reason> at column N)``; json's reasons that end in "at" do not give "at at column"."""
     reason = exc.msg.removesuffix(" at")
     return DataError(f"{where}: invalid JSON ({reason} at column {exc.colno})")
 

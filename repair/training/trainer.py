@@ -8,8 +8,7 @@ spread over ``torchrun`` ranks with all-gathered negatives. AdamW, linear warmup
 Everything needed to continue is checkpointed (trainable weights, optimizer, scheduler, RNG, step); the data
 order of an epoch is a pure function of (seed, epoch), so the step number alone says where to continue and a
 resumed run ends with the weights an uninterrupted run would have. The final folder is a ``save_pretrained``
-adapter (or full model) + tokenizer + ``training_args.json`` + ``train_log.jsonl``; the training script then adds the
-model card (and a full fine-tune's sentence-transformers files): :mod:`repair.driver.model_card`.
+adapter (or full model) + tokenizer + ``training_args.json`` + ``train_log.jsonl`` (+ the script's model card).
 """
 
 from __future__ import annotations
@@ -265,22 +264,17 @@ def _restore_state(ckpt: Path, retriever: Retriever, optimizer, scheduler, cfg: 
 
 def _trim_log(path: Path, step: int) -> None:
     """Drop log lines of steps after the checkpoint (a killed run may have logged past it)."""
-    if not path.exists():
-        return
-    write_jsonl(path, [row for row in iter_appended_jsonl(path) if row.get("step", 0) <= step])
+    if path.exists():
+        write_jsonl(path, [row for row in iter_appended_jsonl(path) if row.get("step", 0) <= step])
 
 
 def training_finished(output_dir: str | os.PathLike) -> bool:
-    """A finished run: the saved model (full fine-tuning) or adapter (LoRA) and its arguments with the run's result,
-    which :func:`save_final` writes last. The arguments file written when a run starts has no result, so a run killed
-    while saving (its config written, its weights half written) is not finished: ``--resume`` saves it again instead
-    of reporting it done. Callers that orchestrate runs (the quality study) ask this instead of guessing from file
-    names."""
+    """A finished run: the saved model or adapter and its arguments with the result, which :func:`save_final` writes
+    last (a run killed while saving is not finished: ``--resume`` saves it again). Orchestrators ask this."""
     output_dir = Path(output_dir)
-    if not ((output_dir / "adapter_config.json").exists() or (output_dir / "config.json").exists()):
-        return False
+    saved = (output_dir / "adapter_config.json").exists() or (output_dir / "config.json").exists()
     try:
-        result = read_json(output_dir / ARGS_FILE).get("result")
+        result = read_json(output_dir / ARGS_FILE).get("result") if saved else None
     except (OSError, ValueError, AttributeError):  # missing, or not a JSON object
         return False
     return isinstance(result, dict) and result.get("status") == "finished"
