@@ -40,9 +40,7 @@ logger = logging.getLogger(__name__)
 
 DECODER_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ENCODER_LORA_TARGETS = ("query", "key", "value", "dense")
-CHECKPOINTS = "checkpoints"
-TRAIN_LOG = "train_log.jsonl"
-ARGS_FILE = "training_args.json"
+CHECKPOINTS, TRAIN_LOG, ARGS_FILE = "checkpoints", "train_log.jsonl", "training_args.json"
 
 
 # ---------------------------------------------------------------------------------------------- model
