@@ -49,6 +49,49 @@ def _adapter_targets_inner_model(adapter: str | os.PathLike) -> bool:
     return not any(k.startswith("base_model.model.model.") for k in keys)
 
 
+def merge_adapter(model, adapter: str):
+    """``model`` (a causal LM) with the LoRA ``adapter`` merged in: into the inner decoder when the adapter was
+    saved on one (REPAIR's retriever adapters), else onto the causal LM itself."""
+    from peft import PeftModel
+
+    if _adapter_targets_inner_model(adapter):
+        inner = model.get_decoder()
+        merged = PeftModel.from_pretrained(inner, adapter).merge_and_unload()
+        model.set_decoder(merged)
+    else:
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    logger.info("merged LoRA adapter %s into the generator", adapter)
+    return model
+
+
+def load_generation_tokenizer(path: str, model_name: str, chat_template: str = "auto",
+                              trust_remote_code: bool = False):
+    """(tokenizer, use_chat) as every local backend needs them: left padding, a pad token, and whether prompts
+    are wrapped in the chat template (``auto``: when the tokenizer has one)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    tokenizer.padding_side = "left"  # decoder-only generation continues from the last real token
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if chat_template == "on" and not has_template:
+        raise ValueError(f"{model_name}: the tokenizer has no chat template (use chat_template='off')")
+    return tokenizer, (has_template if chat_template == "auto" else chat_template == "on")
+
+
+def format_prompt(tokenizer, use_chat: bool, prompt: Prompt) -> str:
+    """The exact text fed to a local model: the chat template applied, or the raw completion prompt."""
+    if isinstance(prompt, list):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("chat messages given but the tokenizer has no chat template")
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    if use_chat:
+        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+    return prompt
+
+
 class HFGenerator:
     """A local causal LM (HF id, folder, or alias ``smollm2-135m``) with batched, seeded generation."""
 
@@ -58,7 +101,7 @@ class HFGenerator:
                  dtype: Any = None, batch_size: int = 8, chat_template: str = "auto",
                  trust_remote_code: bool = False):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         from .models import resolve_model
         from .runtime import default_dtype, pick_device
@@ -70,30 +113,12 @@ class HFGenerator:
             dtype = getattr(torch, dtype)
         self.dtype = dtype or default_dtype(self.device)
         self.batch_size = max(1, int(batch_size))
-        self.tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=trust_remote_code)
-        self.tokenizer.padding_side = "left"  # decoder-only generation continues from the last real token
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        has_template = bool(getattr(self.tokenizer, "chat_template", None))
-        if chat_template == "on" and not has_template:
-            raise ValueError(f"{model}: the tokenizer has no chat template (use chat_template='off')")
-        self.use_chat = has_template if chat_template == "auto" else chat_template == "on"
+        self.tokenizer, self.use_chat = load_generation_tokenizer(spec.path, model, chat_template, trust_remote_code)
         self.model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=self.dtype,
                                                           trust_remote_code=trust_remote_code)
         if adapter:
-            self._merge_adapter(adapter)
+            self.model = merge_adapter(self.model, adapter)
         self.model.to(self.device).eval()
-
-    def _merge_adapter(self, adapter: str) -> None:
-        from peft import PeftModel
-
-        if _adapter_targets_inner_model(adapter):
-            inner = self.model.get_decoder()
-            merged = PeftModel.from_pretrained(inner, adapter).merge_and_unload()
-            self.model.set_decoder(merged)
-        else:
-            self.model = PeftModel.from_pretrained(self.model, adapter).merge_and_unload()
-        logger.info("merged LoRA adapter %s into the generator", adapter)
 
     def describe(self) -> dict:
         return {"backend": self.backend, "model": self.model_name, "path": str(self.path), "adapter": self.adapter,
@@ -101,14 +126,7 @@ class HFGenerator:
 
     def format(self, prompt: Prompt) -> str:
         """The exact text fed to the model: the chat template applied, or the raw completion prompt."""
-        if isinstance(prompt, list):
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise ValueError("chat messages given but the tokenizer has no chat template")
-            return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        if self.use_chat:
-            return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                      add_generation_prompt=True)
-        return prompt
+        return format_prompt(self.tokenizer, self.use_chat, prompt)
 
     def generate(self, prompts: list[Prompt], *, n: int = 1, seed: int = 0, max_new_tokens: int = 40,
                  temperature: float = 0.6, top_p: float = 0.9, repetition_penalty: float = 1.2,
@@ -214,25 +232,46 @@ class OpenAIGenerator:
         return [text for group in results for text in group]
 
 
-def make_generator(backend: str, **kw) -> HFGenerator | OpenAIGenerator:
-    """``hf`` or ``openai``; keyword arguments go to the backend's constructor (unset ones dropped)."""
+# In-process engines (--gen_backend): transformers, the default and the fallback, and CTranslate2 (issue 33).
+LOCAL_ENGINES = ("hf", "ct2")
+CT2_ONLY_ARGS = ("quantization", "compute_type", "threads")
+
+
+def make_generator(backend: str, **kw) -> Any:
+    """``hf``, ``ct2`` or ``openai``; keyword arguments go to the backend's constructor (unset ones dropped).
+    ``ct2`` falls back to ``hf`` (with a warning) where the ``ctranslate2`` package is not installed."""
     kw = {k: v for k, v in kw.items() if v is not None}
+    if backend == "ct2":
+        import importlib.util
+
+        if importlib.util.find_spec("ctranslate2") is not None:
+            from .ct2_generation import CT2Generator
+
+            return CT2Generator(**kw)
+        logger.warning("ctranslate2 is not installed (pip install -r requirements.txt): generating with "
+                       "transformers instead")
+        backend = "hf"
     if backend == "hf":
-        return HFGenerator(**kw)
+        return HFGenerator(**{k: v for k, v in kw.items() if k not in CT2_ONLY_ARGS})
     if backend == "openai":
         return OpenAIGenerator(**kw)
-    raise ValueError(f"unknown generator backend {backend!r}; expected hf or openai")
+    raise ValueError(f"unknown generator backend {backend!r}; expected hf, ct2 or openai")
 
 
 def add_generator_args(parser, default_model_help: str = f"{DEFAULT_MODEL}, the retriever backbone",
                        default_batch_help: str = "8") -> None:
-    """The generator flags every generating script shares (05 query generation, the CausalNeg negatives step):
-    ``--backend --model --adapter --device --dtype --batch_size --chat_template --trust_remote_code --openai_url
+    """The generator flags every generating script shares (05 query generation, 06c, the CausalNeg negatives step):
+    ``--backend --gen_backend --ct2_quantization --model --adapter --device --dtype --batch_size --chat_template --trust_remote_code --openai_url
     --openai_no_repetition_penalty --openai_extra --concurrency``."""
     g = parser.add_argument_group("generator")
     g.add_argument("--backend", choices=["hf", "openai"], default="hf",
                    help="hf: local causal LM via transformers; openai: an OpenAI-compatible chat endpoint "
                         "(default: %(default)s)")
+    g.add_argument("--gen_backend", choices=list(LOCAL_ENGINES), default="hf",
+                   help="hf backend's engine: hf = transformers (default; the fallback); ct2 = CTranslate2 on a "
+                        "copy of the model converted once beside it (docs/generators.md)")
+    g.add_argument("--ct2_quantization", choices=["int8", "float32"], default="int8",
+                   help="ct2: weights of the converted copy (default: %(default)s; float32 = transformers' numbers)")
     g.add_argument("--model", default=None,
                    help=f"hf: HF id, folder or alias (default: {default_model_help}); openai: the "
                         "served model name (default: $OPENAI_MODEL, else the first model the server lists)")
@@ -269,14 +308,16 @@ def sampling_from_args(args) -> dict:
             "max_new_tokens": args.max_new_tokens}
 
 
-def generator_from_args(args, default_batch_size: int = 8) -> HFGenerator | OpenAIGenerator:
+def generator_from_args(args, default_batch_size: int = 8) -> Any:
     """The generator that :func:`add_generator_args` flags describe."""
     import json
 
     if args.backend == "hf":
-        return make_generator("hf", model=args.model or DEFAULT_MODEL, adapter=args.adapter, device=args.device,
+        engine = getattr(args, "gen_backend", "hf")
+        extra = {"quantization": args.ct2_quantization} if engine == "ct2" else {}
+        return make_generator(engine, model=args.model or DEFAULT_MODEL, adapter=args.adapter, device=args.device,
                               dtype=args.dtype, batch_size=args.batch_size or default_batch_size,
-                              chat_template=args.chat_template, trust_remote_code=args.trust_remote_code)
+                              chat_template=args.chat_template, trust_remote_code=args.trust_remote_code, **extra)
     return make_generator("openai", base_url=args.openai_url, model=args.model, concurrency=args.concurrency,
                           send_repetition_penalty=not args.openai_no_repetition_penalty,
                           extra_body=json.loads(args.openai_extra) if args.openai_extra else None)
