@@ -176,8 +176,10 @@ class CT2Generator:
     """A local causal LM run by CTranslate2, with :class:`HFGenerator`'s API and prompt formatting.
 
     ``compute_type`` is CTranslate2's: ``int8`` (int8 GEMMs, the default for an int8 folder) or ``float32``
-    (a float32 folder computes what transformers computes; greedy tokens match, tested). Batches of
-    ``batch_size`` prompts share their longest common token prefix as a cached static prompt.
+    (a float32 folder computes what transformers computes; greedy tokens match, tested). The prompts of a call
+    share their longest common token prefix as a cached static prompt; ``batch_size`` prompts run together.
+    One difference at any precision: the repetition penalty counts generated tokens only (transformers' counts
+    the prompt's too).
     """
 
     backend = "ct2"
@@ -202,6 +204,12 @@ class CT2Generator:
         self.threads = threads or int(os.environ.get("OMP_NUM_THREADS") or 0)
         self.generator = self._load()
         self.end_ids = self._end_ids(spec.path)
+
+    def reload(self) -> None:
+        """A fresh engine on the converted folder: a new worker thread (seeded by ``set_random_seed``) and an
+        empty static-prompt cache (the bench times every configuration from cold)."""
+        del self.generator
+        self.generator = self._load()
 
     def _load(self):
         import ctranslate2
@@ -249,18 +257,14 @@ class CT2Generator:
                     if do_sample else {"sampling_topk": 1})
         if do_sample:
             ctranslate2.set_random_seed(seed)
-            del self.generator
-            self.generator = self._load()
-        outputs: list[str] = []
-        for start in range(0, len(tokens), self.batch_size):
-            batch = tokens[start:start + self.batch_size]
-            # the shared prefix is computed once (and cached for the next batch with the same one); one token of
-            # every prompt stays out of it so each has a start token
-            shared = min(_common_prefix(batch), min(len(s) for s in batch) - 1)
-            static = batch[0][:shared] if shared > 0 else None
-            results = self.generator.generate_batch(
-                [s[shared:] for s in batch], static_prompt=static, max_length=max_new_tokens,
-                include_prompt_in_result=False, repetition_penalty=repetition_penalty, end_token=self.end_ids,
-                beam_size=1, **sampling)
-            outputs.extend(self.tokenizer.decode(r.sequences_ids[0], skip_special_tokens=True) for r in results)
+            self.reload()
+        # the prompts' longest common token prefix (the chat header, 05's instructions: 100 of ~130 tokens) is
+        # computed once and cached; one token of every prompt stays out of it so each has a start token. The
+        # engine sorts the rest by length into batches of batch_size, so few positions are decoded one by one.
+        shared = min(_common_prefix(tokens), min(len(s) for s in tokens) - 1)
+        results = self.generator.generate_batch(
+            [s[shared:] for s in tokens], static_prompt=tokens[0][:shared] if shared > 0 else None,
+            max_batch_size=self.batch_size, max_length=max_new_tokens, include_prompt_in_result=False,
+            repetition_penalty=repetition_penalty, end_token=self.end_ids, beam_size=1, **sampling)
+        outputs = [self.tokenizer.decode(r.sequences_ids[0], skip_special_tokens=True) for r in results]
         return [o.strip() for o in outputs]
