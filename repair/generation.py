@@ -10,6 +10,8 @@ repetition_penalty) -> list[str]`` (``n`` completions per prompt, grouped by pro
   where they may not: UPSTREAM 5.22).
 - :class:`OpenAIGenerator`: any OpenAI-compatible ``/chat/completions`` endpoint (vLLM, llama.cpp server,
   Ollama), through the same HTTP core as the literature sources (retries, timeouts, key never logged).
+- ``ct2`` (:class:`repair.ct2_generation.CT2Generator`, issue 33): the local model on the CTranslate2 engine
+  (int8 on CPU), HFGenerator's API and prompt formatting; ``--gen_backend ct2`` picks it for ``--backend hf``.
 
 A prompt is a string (sent as one user message when a chat template is used) or a list of chat messages.
 Separate from what is asked: 05's prompt and cleaning (:mod:`repair.query_generation`), the T0-style rewrite
