@@ -189,3 +189,22 @@ def test_killed_conversion_leaves_nothing_trusted(tmp_path):
     assert half.parent.name.endswith(".tmp") and half.parent.name.startswith(".")
     assert convert(folder, "float32") == target and (target / RECORD).is_file()
     assert not half.parent.exists()  # the next conversion cleared the leftovers
+
+
+def test_retriever_adapter_is_merged_before_conversion(tiny_dir, tmp_path):
+    """GEN_ADAPTER=auto hands the generator the retriever's LoRA: the converted copy is the merged model (its own
+    cache key), so ct2 float32 writes what HFGenerator with the same adapter writes."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    lora = get_peft_model(base.model, LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                                                 init_lora_weights=False))
+    lora.save_pretrained(tmp_path / "adapter")
+    adapter = str(tmp_path / "adapter")
+    kw = dict(n=1, max_new_tokens=10, repetition_penalty=1.0, do_sample=False)
+    with_adapter = HFGenerator(str(tiny_dir), adapter=adapter, device="cpu", batch_size=4).generate(PROMPTS, **kw)
+    ct2 = CT2Generator(str(tiny_dir), adapter=adapter, device="cpu", batch_size=4, quantization="float32", threads=1)
+    assert ct2.generate(PROMPTS, **kw) == with_adapter
+    plain = CT2Generator(str(tiny_dir), device="cpu", batch_size=4, quantization="float32", threads=1)
+    assert plain.folder != ct2.folder and plain.generate(PROMPTS, **kw) != with_adapter
