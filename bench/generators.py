@@ -20,11 +20,11 @@ prompts inside a configuration are generated once (none repeat in the default sa
 with the model's own tokenizer; tokens/s = generated tokens / generation wall time (prefill included).
 
 Each configuration runs in its own child process (``--threads`` may list several counts: each is one more
-run), so its peak RSS is its own; every result also records the prefill time per query (the first batch of
-prompts with max_new_tokens=1, run just before; CTranslate2 is then reloaded so the timed run starts with a cold
-prefix cache), queries/s, and the load average before and after. ``--export_json`` writes
-one object per result with ``ratio_vs_hf``: its queries/s over the best ``hf`` row's at the same threads and
-prompt (transformers at its best batch size).
+run), so its peak RSS is its own; every result also records the prefill time per query (up to 8 prompts of the
+first batch with max_new_tokens=1, after an untimed one-prompt call that pages the weights in; CTranslate2 is
+then reloaded so the timed run starts with a cold prefix cache), queries/s, and the load average before and
+after. ``--export_json`` writes one object per result with ``ratio_vs_hf``: its queries/s over the best ``hf``
+row's at the same threads and prompt (transformers at its best batch size).
 
 Resumable: each finished configuration is stored in ``--out`` and skipped when the script runs again.
     OMP_NUM_THREADS=1 python bench/generators.py --out runs/bench_generators.json

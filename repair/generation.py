@@ -247,7 +247,7 @@ def make_generator(backend: str, **kw) -> Any:
         import importlib.util
 
         if importlib.util.find_spec("ctranslate2") is not None:
-            from .ct2_generation import CT2Generator
+            from repair.ct2_generation import CT2Generator
 
             return CT2Generator(**kw)
         logger.warning("ctranslate2 is not installed (pip install -r requirements.txt): generating with "
