@@ -100,7 +100,7 @@ TARGET_VALID=$((VALID_FACTOR * T0_SIZE))
 GEN_ROUND=${GEN_ROUND:-$(( T0_SIZE > 16 ? T0_SIZE : 16 ))}
 
 say "REPAIR run in $OUT_DIR: MODEL=$MODEL ITERS=$ITERS |T0|=$T0_SIZE PCT=$PCT SOURCE=$SOURCE NEGATIVES=$NEGATIVES"
-if [[ "$GENERATOR" == hf ]]; then GEN_TEXT="$GEN_MODEL (hf, GEN_ADAPTER=$GEN_ADAPTER)"; else GEN_TEXT="openai server ${OPENAI_URL:-\$OPENAI_BASE_URL}"; fi
+if [[ "$GENERATOR" == hf ]]; then GEN_TEXT="$GEN_MODEL ($GEN_BACKEND, GEN_ADAPTER=$GEN_ADAPTER)"; else GEN_TEXT="openai server ${OPENAI_URL:-\$OPENAI_BASE_URL}"; fi
 say "retriever: $MODEL${ADAPTER:+ + $ADAPTER}; generator: $GEN_TEXT; T0: $TRAIN_DATA [$TRAIN_SPLIT]"
 if [[ -n "$PROFILE_NAME" ]]; then
   say "profile $PROFILE_NAME ($PROFILE_FILE): $PROFILE_ABOUT"
@@ -210,18 +210,18 @@ for ((k = 1; k <= ITERS; k++)); do
   # ---- Stage II: Expansion (05 -> 06 rounds until VALID_FACTOR x |T0| valid tuples or MAX_ROUNDS: expansion/05_06_rounds.py
   # runs each 05 and 06 as a step like the ones here, and writes $STATE/iter$k.expansion.done with the valid count)
   # the generator (05, 06c and CausalNeg's 09b): the paper's default is the retriever's own backbone with its adapter
-  GEN_BACKEND=(--backend "$GENERATOR")
+  GEN_FLAGS=(--backend "$GENERATOR")
   if [[ "$GENERATOR" == hf ]]; then
-    GEN_BACKEND+=(--model "$GEN_MODEL")
+    GEN_FLAGS+=(--gen_backend "$GEN_BACKEND" --model "$GEN_MODEL")
     if [[ "$GEN_ADAPTER" == auto ]]; then
       # a contrastively trained adapter can wreck a small generator's text (docs/results.md, SmolLM2 iteration 2)
-      [[ "$GEN_MODEL" == "$MODEL" && -n "$CUR_ADAPTER" ]] && GEN_BACKEND+=(--adapter "$CUR_ADAPTER")
+      [[ "$GEN_MODEL" == "$MODEL" && -n "$CUR_ADAPTER" ]] && GEN_FLAGS+=(--adapter "$CUR_ADAPTER")
     elif [[ "$GEN_ADAPTER" != none ]]; then
-      GEN_BACKEND+=(--adapter "$GEN_ADAPTER")
+      GEN_FLAGS+=(--adapter "$GEN_ADAPTER")
     fi
   else
-    [[ -n "$OPENAI_URL" ]] && GEN_BACKEND+=(--openai_url "$OPENAI_URL")
-    [[ -n "$OPENAI_EXTRA" ]] && GEN_BACKEND+=(--openai_no_repetition_penalty --openai_extra "$OPENAI_EXTRA")
+    [[ -n "$OPENAI_URL" ]] && GEN_FLAGS+=(--openai_url "$OPENAI_URL")
+    [[ -n "$OPENAI_EXTRA" ]] && GEN_FLAGS+=(--openai_no_repetition_penalty --openai_extra "$OPENAI_EXTRA")
   fi
   EXPJ="$EXP/expansion.bottom_${PP}pct.jsonl"
   [[ "$EXPANSION" == 1 && ( "$FORCE" == 1 || ! -f "$STATE/iter$k.expansion.done" ) ]] && STEPS_RUN=$((STEPS_RUN + 1))
@@ -230,7 +230,7 @@ for ((k = 1; k <= ITERS; k++)); do
     --out_jsonl "$EXPJ" --gen_round "$GEN_ROUND" --max_rounds "$MAX_ROUNDS" --target_valid "$TARGET_VALID" \
     --target_k "$TARGET_K" --seed "$SEED" --grounding "$GROUNDING" --query_form "$QUERY_FORM" --source "$SOURCE" \
     --local_corpus "$LOCAL_CORPUS" --s2_key_file "$S2_KEY_FILE" --elsevier_key_file "$ELSEVIER_KEY_FILE" \
-    --device "$DEVICE" --python "$PYTHON" -- "${GEN_BACKEND[@]}"
+    --device "$DEVICE" --python "$PYTHON" -- "${GEN_FLAGS[@]}"
 
   if [[ "$QUERY_FORM" == t0 && "$EXPANSION" == 1 ]]; then  # issue 16: q_new rewritten in T0's query style
     EXPT0="$EXP/expansion.t0.bottom_${PP}pct.jsonl"
@@ -238,7 +238,7 @@ for ((k = 1; k <= ITERS; k++)); do
     T0_RESUME=(); [[ -f "$EXPT0" ]] && T0_RESUME=(--resume)
     step "iter$k.06c_t0_style" "" "$PYTHON" "$HERE/expansion/06c_t0_style_queries.py" --input_jsonl "$EXPJ" \
       --train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT" --out_jsonl "$EXPT0" --seed "$SEED" \
-      "${GEN_BACKEND[@]}" "${T0_RESUME[@]}" "${DEVICE_FLAG[@]}"
+      "${GEN_FLAGS[@]}" "${T0_RESUME[@]}" "${DEVICE_FLAG[@]}"
     EXPJ="$EXPT0"
   fi
 
@@ -268,7 +268,7 @@ for ((k = 1; k <= ITERS; k++)); do
     CN_RESUME=(); [[ -f "$CN" ]] && CN_RESUME=(--resume)
     # shellcheck disable=SC2086
     step "iter$k.09b_counterfactual" "" "$PYTHON" "$HERE/differentiation/09b_counterfactual_negatives.py" --input_jsonl "$FINAL" \
-      --output_jsonl "$CN" --k "$CN_K" --ratio "$CN_RATIO" --corpus "${LOCAL_CORPUS:-$TRAIN_DATA}" "${GEN_BACKEND[@]}" \
+      --output_jsonl "$CN" --k "$CN_K" --ratio "$CN_RATIO" --corpus "${LOCAL_CORPUS:-$TRAIN_DATA}" "${GEN_FLAGS[@]}" \
       --seed "$SEED" "${CN_RESUME[@]}" "${DEVICE_FLAG[@]}" $CN_EXTRA
     FINAL="$CN"
   fi

@@ -6,6 +6,8 @@ list below) is sent, with greedy decoding, to each configuration ``BACKEND:ALIAS
   hf:ALIAS:B      transformers on the converted fp32 folder (HFGenerator, batches of B prompts)
   server:ALIAS    llama.cpp's OpenAI-compatible server on the Q4 GGUF (llama-cpp-python[server]), through the
                   project's OpenAIGenerator; skipped with a note when llama_cpp is not installed
+  ct2:ALIAS:B:Q   CTranslate2 (repair.expansion.ct2_generation.CT2Generator) on the folder converted once with weights Q
+                  (int8 | float32), batches of B prompts (issue 33)
 with ALIAS one of smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, and each prompt of ``--prompts``:
   paper           the prompt 05 sends (repair.expansion.query_generation.build_prompt, App. A.2.1 wording), one user turn
   example         system turn + one worked example + "write one research question" (GENERATORS.md)
@@ -16,6 +18,13 @@ content word of the concept, >= 3 letters, starts a word of the query); and it i
 again (word-set Jaccard with the example < 0.6). Greedy decoding makes every row repeatable; identical
 prompts inside a configuration are generated once (none repeat in the default sample). Tokens are counted
 with the model's own tokenizer; tokens/s = generated tokens / generation wall time (prefill included).
+
+Each configuration runs in its own child process (``--threads`` may list several counts: each is one more
+run), so its peak RSS is its own; every result also records the prefill time per query (up to 8 prompts of the
+first batch with max_new_tokens=1, after an untimed one-prompt call that pages the weights in; CTranslate2 is
+then reloaded so the timed run starts with a cold prefix cache), queries/s, and the load average before and
+after. ``--export_json`` writes one object per result with ``ratio_vs_hf``: its queries/s over the best ``hf``
+row's at the same threads and prompt (transformers at its best batch size).
 
 Resumable: each finished configuration is stored in ``--out`` and skipped when the script runs again.
     OMP_NUM_THREADS=1 python bench/generators.py --out runs/bench_generators.json
@@ -127,7 +136,7 @@ def load_average() -> str:
 class _Run:
     """One configuration: the generator, the tokenizer that counts its tokens, and a cleanup."""
 
-    def __init__(self, backend: str, alias: str, batch: int, threads: int):
+    def __init__(self, backend: str, alias: str, batch: int, threads: int, quantization: str = "int8"):
         from transformers import AutoTokenizer
 
         from repair.model_packages import LlamaServer, gguf_path
@@ -137,6 +146,12 @@ class _Run:
         t0 = time.perf_counter()
         if backend == "hf":
             self.generator = HFGenerator(alias, device="cpu", batch_size=batch)
+            self.tokenizer = self.generator.tokenizer
+        elif backend == "ct2":
+            from repair.expansion.ct2_generation import CT2Generator
+
+            self.generator = CT2Generator(alias, device="cpu", batch_size=batch, quantization=quantization,
+                                          threads=threads)
             self.tokenizer = self.generator.tokenizer
         elif backend == "server":
             gguf = gguf_path(alias)
@@ -148,7 +163,7 @@ class _Run:
                                              extra_body={"repeat_penalty": DEFAULT_SAMPLING["repetition_penalty"]})
             self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(alias, pooling="eos").path)
         else:
-            raise ValueError(f"unknown backend {backend!r} (hf or server)")
+            raise ValueError(f"unknown backend {backend!r} (hf, ct2 or server)")
         self.load_s = time.perf_counter() - t0
 
     def close(self) -> None:
@@ -157,6 +172,39 @@ class _Run:
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set (each configuration runs in its own process)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def row_name(r: dict) -> str:
+    return f"ct2-{r['quantization']}" if r["backend"] == "ct2" else r["backend"]
+
+
+def export_rows(results: dict[str, dict]) -> list[dict]:
+    """One object per result, with ``ratio_vs_hf``: queries/s over the best hf row's (any batch size) at the same
+    threads, model and prompt (None where no hf row was measured)."""
+    best_hf: dict[tuple, float] = {}
+    for r in results.values():
+        if r["backend"] == "hf" and "queries_per_s" in r:
+            k = (r["model"], r["threads"], r["prompt"])
+            best_hf[k] = max(best_hf.get(k, 0.0), r["queries_per_s"])
+    rows = []
+    for r in results.values():
+        if "queries_per_s" not in r:
+            continue
+        hf = best_hf.get((r["model"], r["threads"], r["prompt"]))
+        rows.append({"backend": row_name(r), "alias": r["model"], "threads": r["threads"], "batch": r["batch"],
+                     "prompt": r["prompt"], "queries_per_s": r["queries_per_s"], "tokens_per_s": r["tokens_per_s"],
+                     "prefill_s_per_query": r["prefill_s_per_query"], "usable": round(r["usable"] / r["n"], 4),
+                     "usable_n": f"{r['usable']}/{r['n']}", "peak_rss_mb": r["peak_rss_mb"],
+                     "ratio_vs_hf": round(r["queries_per_s"] / hf, 2) if hf else None,
+                     "load_avg_before_after": f"{r['load_avg_before']} / {r['load_avg_after']}"})
+    return rows
 
 
 def result_key(config: str, kind: str, threads: int) -> str:
@@ -170,8 +218,10 @@ def run_config(key: str, prompts_kind: list[str], sets: list[list[str]], threads
     parts = key.split(":")
     backend, alias = parts[0], parts[1]
     batch = int(parts[2]) if len(parts) > 2 else (1 if backend == "server" else 8)
-    run = _Run(backend, alias, batch, threads)
+    quantization = parts[3] if len(parts) > 3 else "int8"
+    run = _Run(backend, alias, batch, threads, quantization)
     results = {}
+    greedy = dict(n=1, seed=0, repetition_penalty=DEFAULT_SAMPLING["repetition_penalty"], do_sample=False)
     try:
         for kind in prompts_kind:
             prompts = [make_prompt(c, kind) for c in sets]
@@ -179,10 +229,16 @@ def run_config(key: str, prompts_kind: list[str], sets: list[list[str]], threads
             for p in prompts:
                 unique.setdefault(json.dumps(p), p)
             load_before = load_average()
+            first_batch = list(unique.values())[:min(batch, 8)]
+            # untimed: the first forward pages the memory-mapped weights in, which is load, not prefill
+            run.generator.generate(first_batch[:1], max_new_tokens=1, **greedy)
             t0 = time.perf_counter()
-            outs = run.generator.generate(list(unique.values()), n=1, seed=0, max_new_tokens=max_new_tokens,
-                                          repetition_penalty=DEFAULT_SAMPLING["repetition_penalty"],
-                                          do_sample=False)
+            run.generator.generate(first_batch, max_new_tokens=1, **greedy)
+            prefill = time.perf_counter() - t0
+            if hasattr(run.generator, "reload"):  # CTranslate2: time the run with a cold prefix cache
+                run.generator.reload()
+            t0 = time.perf_counter()
+            outs = run.generator.generate(list(unique.values()), max_new_tokens=max_new_tokens, **greedy)
             wall = time.perf_counter() - t0
             by_prompt = dict(zip(unique, outs))
             raws = [by_prompt[json.dumps(p)] for p in prompts]
@@ -196,6 +252,9 @@ def run_config(key: str, prompts_kind: list[str], sets: list[list[str]], threads
                 "backend": backend, "model": alias, "batch": batch, "prompt": kind, "threads": threads,
                 "load_s": round(run.load_s, 1), "wall_s": round(wall, 1), "generated_tokens": tokens,
                 "tokens_per_s": round(tokens / wall, 2), "s_per_query": round(wall / len(sets), 2),
+                "queries_per_s": round(len(sets) / wall, 4), "prefill_s": round(prefill, 2),
+                "prefill_s_per_query": round(prefill / len(first_batch), 2),
+                "peak_rss_mb": round(peak_rss_mb()), "quantization": quantization if backend == "ct2" else None,
                 "usable": sum(r["verdict"] == "ok" for r in rows), "n": len(rows),
                 "load_avg_before": load_before, "load_avg_after": load_average(),
                 "generator": run.generator.describe(), "rows": rows}
@@ -207,14 +266,21 @@ def run_config(key: str, prompts_kind: list[str], sets: list[list[str]], threads
 
 
 def table(results: dict[str, dict]) -> str:
+    ratios = {(e["backend"], e["alias"], e["threads"], e["batch"], e["prompt"]): e["ratio_vs_hf"]
+              for e in export_rows(results)}
     rows = []
     for r in results.values():
         full = sum(row["verdict"] == "ok" and mentions_all(row["query"], row["concepts"]) for row in r["rows"])
-        rows.append([r["model"], r["backend"], r["batch"], r["threads"], r["prompt"], f"{r['tokens_per_s']:.2f}",
-                     f"{r['s_per_query']:.1f}", f"{r['usable']}/{r['n']}", f"{full}/{r['n']}",
+        ratio = ratios.get((row_name(r), r["model"], r["threads"], r["batch"], r["prompt"]))
+        rows.append([r["model"], row_name(r), r["batch"], r["threads"], r["prompt"],
+                     f"{r['queries_per_s']:.3f}" if "queries_per_s" in r else "", f"{r['tokens_per_s']:.2f}",
+                     f"{r['prefill_s_per_query']:.2f}" if "prefill_s_per_query" in r else "", f"{r['s_per_query']:.1f}",
+                     f"{r['usable']}/{r['n']}", f"{full}/{r['n']}",
+                     f"{r['peak_rss_mb']}" if "peak_rss_mb" in r else "", "" if ratio is None else f"{ratio:.2f}",
                      f"{r['load_avg_before']} / {r['load_avg_after']}"])
-    return markdown_table(["model", "backend", "batch", "threads", "prompt", "tok/s", "s/query", "usable",
-                           "usable, all concepts", "load avg (before/after)"], rows)
+    return markdown_table(["model", "backend", "batch", "threads", "prompt", "queries/s", "tok/s", "prefill s/query",
+                           "s/query", "usable", "usable, all concepts", "peak RSS MB", "ratio vs best hf",
+                           "load avg (before/after)"], rows)
 
 
 DEFAULT_CONFIGS = ["hf:smollm2-135m:8", "server:smollm2-135m", "hf:qwen2.5-coder-0.5b:8", "server:qwen2.5-coder-0.5b",
@@ -228,32 +294,64 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", nargs="+", choices=["paper", "example"], default=["paper", "example"])
     p.add_argument("--seed", type=int, default=16, help="seed of the concept-set sample (default: %(default)s)")
     p.add_argument("--max_new_tokens", type=int, default=48, help="(default: %(default)s)")
-    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS") or 1),
-                   help="CPU threads for torch and for the llama.cpp server (default: $OMP_NUM_THREADS or 1)")
+    p.add_argument("--threads", type=int, nargs="+", default=[int(os.environ.get("OMP_NUM_THREADS") or 1)],
+                   help="CPU thread counts for torch, CTranslate2 and the llama.cpp server; each count is one run "
+                        "of every configuration (default: $OMP_NUM_THREADS or 1)")
+    p.add_argument("--n_sets", type=int, default=N_SETS, help="concept sets in the sample (default: %(default)s)")
+    p.add_argument("--in_process", action="store_true",
+                   help="run the configurations in this process (default: one child process each, so that the "
+                        "peak RSS is the configuration's own)")
+    p.add_argument("--export_json", default=None,
+                   help="also write one object per result (backend, alias, threads, queries_per_s, tokens_per_s, "
+                        "usable, peak_rss_mb, ratio_vs_hf, ...) to this JSON file")
     p.add_argument("--table", action="store_true", help="print the table of --out and exit")
     args = p.parse_args(argv)
     setup_logging("INFO")
     out = Path(args.out)
     results: dict[str, dict] = json.loads(out.read_text()) if out.exists() else {}
     if not args.table:
-        import torch
+        sets = concept_sets(args.seed, args.n_sets)
+        for threads in args.threads:
+            for key in args.configs:
+                todo = [k for k in args.prompts if result_key(key, k, threads) not in results]
+                if not todo:
+                    continue
+                if key.startswith("server:") and importlib.util.find_spec("llama_cpp") is None:
+                    logger.warning("skipping %s: llama_cpp is not installed (pip install 'llama-cpp-python[server]')",
+                                   key)
+                    continue
+                if not args.in_process:
+                    _run_child(args, key, todo, threads)
+                    results = json.loads(out.read_text()) if out.exists() else {}
+                    continue
+                import torch
 
-        torch.set_num_threads(args.threads)
-        sets = concept_sets(args.seed)
-        for key in args.configs:
-            todo = [k for k in args.prompts if result_key(key, k, args.threads) not in results]
-            if not todo:
-                continue
-            if key.startswith("server:") and importlib.util.find_spec("llama_cpp") is None:
-                logger.warning("skipping %s: llama_cpp is not installed (pip install 'llama-cpp-python[server]')", key)
-                continue
-            results.update(run_config(key, todo, sets, args.threads, args.max_new_tokens))
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(out.name + ".tmp")
-            tmp.write_text(json.dumps(results, indent=1))
-            os.replace(tmp, out)
+                torch.set_num_threads(threads)
+                results.update(run_config(key, todo, sets, threads, args.max_new_tokens))
+                _write_json(out, results)
+    if args.export_json:
+        _write_json(Path(args.export_json), export_rows(results))
     print(table(results))
     return 0
+
+
+def _write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _run_child(args, key: str, prompts: list[str], threads: int) -> None:
+    """One configuration in a fresh process with ``threads`` threads; it adds its results to ``--out``."""
+    import subprocess
+
+    cmd = [sys.executable, __file__, "--out", args.out, "--configs", key, "--prompts", *prompts, "--seed",
+           str(args.seed), "--n_sets", str(args.n_sets), "--max_new_tokens", str(args.max_new_tokens), "--threads",
+           str(threads), "--in_process"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    logger.info("%s at %d thread(s), load average %s", key, threads, load_average())
+    subprocess.run(cmd, check=True, env=env)
 
 
 if __name__ == "__main__":

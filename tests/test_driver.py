@@ -397,7 +397,9 @@ def test_driver_gen_adapter_chooses_the_generators_lora(tiny_model_dir, tmp_path
     env = driver_env(tmp_path, tiny_model_dir, data, "http://127.0.0.1:9", "run_gen")
     env.update({"GENERATOR": "hf", "ITERS": "1", "EVAL_DATA": "", "ADAPTER": adapters["retriever"]})
     # auto (the paper): the generator is the retriever's backbone with the retriever's current adapter
-    assert f"--adapter {adapters['retriever']}" in generator_command(env)
+    command = generator_command(env)
+    assert f"--adapter {adapters['retriever']}" in command
+    assert "--gen_backend hf " in command  # GEN_BACKEND's default: transformers
     # that folder's finished diagnosis was made with GEN_ADAPTER=auto: another generator there is refused
     refused = run_driver({**env, "GEN_ADAPTER": "none"}, timeout=60)
     assert refused.returncode == 2 and "  GEN_ADAPTER: the run used 'auto', now 'none'" in refused.stderr
@@ -407,6 +409,24 @@ def test_driver_gen_adapter_chooses_the_generators_lora(tiny_model_dir, tmp_path
     # a different generator model never gets the retriever's adapter under auto
     other_model = {**env, "GEN_MODEL": str(tiny_model_dir) + "/", "OUT_DIR": str(tmp_path / "r_model")}
     assert "--adapter" not in generator_command(other_model)
+
+
+def test_driver_gen_backend_picks_the_generators_engine(tiny_model_dir, tmp_path):
+    """One setting (issue 33): GEN_BACKEND=ct2 reaches 05 as --gen_backend ct2; the default stays transformers."""
+    data = make_corpus(tmp_path / "matsci")
+    env = driver_env(tmp_path, tiny_model_dir, data, "http://127.0.0.1:9", "run_ct2")
+    env.update({"GENERATOR": "hf", "ITERS": "1", "EVAL_DATA": "", "GEN_BACKEND": "ct2"})
+    assert "--gen_backend ct2 " in generator_command(env)  # (the default hf: test_driver_gen_adapter_...)
+    bad = run_driver({**env, "GEN_BACKEND": "vllm", "OUT_DIR": str(tmp_path / "r_bad")}, timeout=60)
+    assert bad.returncode == 2 and "GEN_BACKEND" in bad.stderr and "vllm" in bad.stderr
+
+
+@pytest.mark.parametrize("script", ["expansion/05_query_generation.py", "expansion/06c_t0_style_queries.py",
+                                    "differentiation/09b_counterfactual_negatives.py"])
+def test_every_generating_script_takes_the_engine_flag(script):
+    out = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0 and "--gen_backend {hf,ct2}" in out.stdout
 
 
 def test_report_tables_render_and_a_rewrite_never_loses_numbers(tmp_path):

@@ -92,6 +92,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("GEN_ADAPTER", "Expansion (Stage II)", "auto",
        "hf generator's LoRA: auto = the retriever's current adapter when GEN_MODEL is MODEL (the paper: M_theta "
        "writes the queries), none = the plain generator, or an adapter folder", "special"),
+    _s("GEN_BACKEND", "Expansion (Stage II)", "hf",
+       "hf generator's engine (05, 06c, 09b): hf = transformers; ct2 = CTranslate2 int8 on a copy converted once "
+       "beside the model (docs/generators.md; falls back to hf when ctranslate2 is not installed)", "choice",
+       choices=("hf", "ct2")),
     _s("OPENAI_URL", "Expansion (Stage II)", "", "OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama)", "special",
        result=False, shown_default="$OPENAI_BASE_URL"),
     _s("OPENAI_EXTRA", "Expansion (Stage II)", "",

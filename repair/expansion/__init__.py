@@ -3,8 +3,9 @@ about the diagnosed concepts, verified in the literature.
 
 - :mod:`.sources` -- grounding (PubChem, Materials Project) and literature sources (Semantic Scholar, Elsevier, a
   local corpus) over one HTTP core with retries, a cache and key pools;
-- :mod:`.generation` -- the text generation backends (in-process ``transformers``, OpenAI-compatible servers),
-  shared by 05, 06c and CausalNeg's 09b;
+- :mod:`.generation` -- the text generation backends (in-process ``transformers``, OpenAI-compatible servers) and
+  the factory that picks one, shared by 05, 06c and CausalNeg's 09b; :mod:`.ct2_generation` the CTranslate2 engine
+  (``GEN_BACKEND=ct2``) and :mod:`.local_llm` what the two local engines share;
 - :mod:`.query_generation` -- 05's prompt, the generated queries' cleaning and the generation cache;
 - :mod:`.concept_search` and :mod:`.verification` -- 06: search each query, keep the top hit as the new
   (query, positive) and the other hits as negative candidates;

@@ -10,6 +10,8 @@ repetition_penalty) -> list[str]`` (``n`` completions per prompt, grouped by pro
   where they may not: UPSTREAM 5.22).
 - :class:`OpenAIGenerator`: any OpenAI-compatible ``/chat/completions`` endpoint (vLLM, llama.cpp server,
   Ollama), through the same HTTP core as the literature sources (retries, timeouts, key never logged).
+- ``ct2`` (:class:`repair.expansion.ct2_generation.CT2Generator`, issue 33): the local model on the CTranslate2 engine
+  (int8 on CPU), HFGenerator's API and prompt formatting; ``--gen_backend ct2`` picks it for ``--backend hf``.
 
 A prompt is a string (sent as one user message when a chat template is used) or a list of chat messages.
 Separate from what is asked: 05's prompt and cleaning (:mod:`repair.expansion.query_generation`), the T0-style rewrite
@@ -21,34 +23,20 @@ from __future__ import annotations
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
+from repair.expansion.local_llm import Prompt, format_prompt, load_generation_tokenizer, merge_adapter
 from repair.models import DEFAULT_MODEL
 from repair.expansion.sources.http import ApiClient, KeyPool, load_keys
 
 logger = logging.getLogger(__name__)
 
-Prompt = Union[str, list[dict]]
 
 # Sampling defaults of the original 05 (UPSTREAM 2.6).
 DEFAULT_SAMPLING = {"max_new_tokens": 40, "temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.2}
 
 
 # ---------------------------------------------------------------------------------------------- HF backend
-def _adapter_targets_inner_model(adapter: str | os.PathLike) -> bool:
-    """True when the adapter was saved on a bare decoder (``AutoModel``: keys ``base_model.model.layers.*``),
-    as REPAIR's retriever adapters are; False for one saved on a causal LM (``base_model.model.model.*``)."""
-    from safetensors import safe_open
-
-    path = Path(adapter) / "adapter_model.safetensors"
-    if not path.exists():
-        return True
-    with safe_open(str(path), framework="pt") as fh:
-        keys = list(fh.keys())
-    return not any(k.startswith("base_model.model.model.") for k in keys)
-
-
 class HFGenerator:
     """A local causal LM (HF id, folder, or alias ``smollm2-135m``) with batched, seeded generation."""
 
@@ -58,7 +46,7 @@ class HFGenerator:
                  dtype: Any = None, batch_size: int = 8, chat_template: str = "auto",
                  trust_remote_code: bool = False):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         from repair.models import resolve_model
         from repair.runtime import default_dtype, pick_device
@@ -70,33 +58,12 @@ class HFGenerator:
             dtype = getattr(torch, dtype)
         self.dtype = dtype or default_dtype(self.device)
         self.batch_size = max(1, int(batch_size))
-        self.tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=trust_remote_code)
-        self.tokenizer.padding_side = "left"  # decoder-only generation continues from the last real token
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        has_template = bool(getattr(self.tokenizer, "chat_template", None))
-        if chat_template == "on" and not has_template:
-            raise ValueError(f"{model}: the tokenizer has no chat template (use chat_template='off')")
-        self.use_chat = has_template if chat_template == "auto" else chat_template == "on"
+        self.tokenizer, self.use_chat = load_generation_tokenizer(spec.path, model, chat_template, trust_remote_code)
         self.model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=self.dtype,
                                                           trust_remote_code=trust_remote_code)
         if adapter:
-            self._merge_adapter(adapter)
+            self.model = merge_adapter(self.model, adapter)
         self.model.to(self.device).eval()
-
-    def _merge_adapter(self, adapter: str) -> None:
-        from peft import PeftModel
-
-        from repair.models import check_adapter_weights
-
-        check_adapter_weights(adapter)  # a pickled adapter holding code: one line naming the file
-        if _adapter_targets_inner_model(adapter):
-            inner = self.model.get_decoder()
-            merged = PeftModel.from_pretrained(inner, adapter).merge_and_unload()
-            self.model.set_decoder(merged)
-        else:
-            self.model = PeftModel.from_pretrained(self.model, adapter).merge_and_unload()
-        logger.info("merged LoRA adapter %s into the generator", adapter)
 
     def describe(self) -> dict:
         return {"backend": self.backend, "model": self.model_name, "path": str(self.path), "adapter": self.adapter,
@@ -104,14 +71,7 @@ class HFGenerator:
 
     def format(self, prompt: Prompt) -> str:
         """The exact text fed to the model: the chat template applied, or the raw completion prompt."""
-        if isinstance(prompt, list):
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise ValueError("chat messages given but the tokenizer has no chat template")
-            return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        if self.use_chat:
-            return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                      add_generation_prompt=True)
-        return prompt
+        return format_prompt(self.tokenizer, self.use_chat, prompt)
 
     def generate(self, prompts: list[Prompt], *, n: int = 1, seed: int = 0, max_new_tokens: int = 40,
                  temperature: float = 0.6, top_p: float = 0.9, repetition_penalty: float = 1.2,
@@ -217,25 +177,46 @@ class OpenAIGenerator:
         return [text for group in results for text in group]
 
 
-def make_generator(backend: str, **kw) -> HFGenerator | OpenAIGenerator:
-    """``hf`` or ``openai``; keyword arguments go to the backend's constructor (unset ones dropped)."""
+# In-process engines (--gen_backend): transformers, the default and the fallback, and CTranslate2 (issue 33).
+LOCAL_ENGINES = ("hf", "ct2")
+CT2_ONLY_ARGS = ("quantization", "compute_type", "threads")
+
+
+def make_generator(backend: str, **kw) -> Any:
+    """``hf``, ``ct2`` or ``openai``; keyword arguments go to the backend's constructor (unset ones dropped).
+    ``ct2`` falls back to ``hf`` (with a warning) where the ``ctranslate2`` package is not installed."""
     kw = {k: v for k, v in kw.items() if v is not None}
+    if backend == "ct2":
+        import importlib.util
+
+        if importlib.util.find_spec("ctranslate2") is not None:
+            from repair.expansion.ct2_generation import CT2Generator
+
+            return CT2Generator(**kw)
+        logger.warning("ctranslate2 is not installed (pip install -r requirements.txt): generating with "
+                       "transformers instead")
+        backend = "hf"
     if backend == "hf":
-        return HFGenerator(**kw)
+        return HFGenerator(**{k: v for k, v in kw.items() if k not in CT2_ONLY_ARGS})
     if backend == "openai":
         return OpenAIGenerator(**kw)
-    raise ValueError(f"unknown generator backend {backend!r}; expected hf or openai")
+    raise ValueError(f"unknown generator backend {backend!r}; expected hf, ct2 or openai")
 
 
 def add_generator_args(parser, default_model_help: str = f"{DEFAULT_MODEL}, the retriever backbone",
                        default_batch_help: str = "8") -> None:
-    """The generator flags every generating script shares (05 query generation, the CausalNeg negatives step):
-    ``--backend --model --adapter --device --dtype --batch_size --chat_template --trust_remote_code --openai_url
+    """The generator flags every generating script shares (05 query generation, 06c, the CausalNeg negatives step):
+    ``--backend --gen_backend --ct2_quantization --model --adapter --device --dtype --batch_size --chat_template --trust_remote_code --openai_url
     --openai_no_repetition_penalty --openai_extra --concurrency``."""
     g = parser.add_argument_group("generator")
     g.add_argument("--backend", choices=["hf", "openai"], default="hf",
                    help="hf: local causal LM via transformers; openai: an OpenAI-compatible chat endpoint "
                         "(default: %(default)s)")
+    g.add_argument("--gen_backend", choices=list(LOCAL_ENGINES), default="hf",
+                   help="hf backend's engine: hf = transformers (default; the fallback); ct2 = CTranslate2 on a "
+                        "copy of the model converted once beside it (docs/generators.md)")
+    g.add_argument("--ct2_quantization", choices=["int8", "float32"], default="int8",
+                   help="ct2: weights of the converted copy (default: %(default)s; float32 = transformers' numbers)")
     g.add_argument("--model", default=None,
                    help=f"hf: HF id, folder or alias (default: {default_model_help}); openai: the "
                         "served model name (default: $OPENAI_MODEL, else the first model the server lists)")
@@ -272,14 +253,16 @@ def sampling_from_args(args) -> dict:
             "max_new_tokens": args.max_new_tokens}
 
 
-def generator_from_args(args, default_batch_size: int = 8) -> HFGenerator | OpenAIGenerator:
+def generator_from_args(args, default_batch_size: int = 8) -> Any:
     """The generator that :func:`add_generator_args` flags describe."""
     import json
 
     if args.backend == "hf":
-        return make_generator("hf", model=args.model or DEFAULT_MODEL, adapter=args.adapter, device=args.device,
+        engine = getattr(args, "gen_backend", "hf")
+        extra = {"quantization": args.ct2_quantization} if engine == "ct2" else {}
+        return make_generator(engine, model=args.model or DEFAULT_MODEL, adapter=args.adapter, device=args.device,
                               dtype=args.dtype, batch_size=args.batch_size or default_batch_size,
-                              chat_template=args.chat_template, trust_remote_code=args.trust_remote_code)
+                              chat_template=args.chat_template, trust_remote_code=args.trust_remote_code, **extra)
     return make_generator("openai", base_url=args.openai_url, model=args.model, concurrency=args.concurrency,
                           send_repetition_penalty=not args.openai_no_repetition_penalty,
                           extra_body=json.loads(args.openai_extra) if args.openai_extra else None)
