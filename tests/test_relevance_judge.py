@@ -316,3 +316,63 @@ def test_judge_settings_are_checked_up_front(tmp_path):
     assert not [p for p in validate(resolved, ok) if "JUDGE" in p] and resolved.values["JUDGE_MODEL"] == \
         "qwen2.5-coder-0.5b"
     assert resolve({k: v for k, v in ok.items() if k != "JUDGE"}, ROOT).values["JUDGE"] == "0"  # opt-in
+
+
+def test_rounds_run_06d_after_06_and_count_the_judged_tuples(tmp_path):
+    """expansion/05_06_rounds.py --judge 1 as run_repair.sh calls it: 05 (a generator server), 06 (BM25 over the
+    fixture papers), 06d (a judge server with logprobs) as driver steps; the judged file is what is counted."""
+    import re
+
+    fix = Path(__file__).parent / "fixtures" / "expansion"
+
+    def route(req) -> Reply:
+        body = req.json
+        if req.path == "/v1/models":
+            return Reply(200, {"object": "list", "data": [{"id": "m", "object": "model"}]})
+        prompt = body["messages"][-1]["content"]
+        if body.get("logprobs"):  # the judge: yes for papers whose title's word count is a multiple of 3
+            title = prompt.split("Title: ", 1)[1].split("\n", 1)[0]
+            p = 0.8 if len(title.split()) % 3 == 0 else 0.3
+            top = [{"token": "yes", "logprob": math.log(p)}, {"token": "no", "logprob": math.log(1 - p)}]
+            choice = {"index": 0, "message": {"role": "assistant", "content": "yes" if p > 0.5 else "no"},
+                      "logprobs": {"content": [{**top[0], "top_logprobs": top}]}}
+            return Reply(200, {"choices": [choice]})
+        concepts = re.findall(r"Concept \d+: (.+?) \(Attributes", prompt) or ["materials"]
+        angles = ["electron mobility", "fatigue strength", "band gap", "drug resistance", "crystal structure"]
+        n, seed = int(body.get("n", 1)), body.get("seed", 0)
+        return Reply(200, {"choices": [{"index": i, "message": {"role": "assistant", "content":
+                           f"How does the {angles[(seed + i) % 5]} of {' and '.join(concepts)} change under pressure?"}}
+                                       for i in range(n)]})
+
+    run = tmp_path / "run"
+    exp = run / "iter1" / "expansion"
+    exp.mkdir(parents=True)
+    with FakeServer(route) as srv:
+        backend = f"--backend openai --openai_url {srv.url}/v1 --model m"
+        cmd = [sys.executable, str(ROOT / "expansion" / "05_06_rounds.py"), "--iteration", "iter1",
+               "--state_dir", str(run / "state"), "--logs_dir", str(run / "logs"), "--concept_txt",
+               str(fix / "concepts.txt"), "--generated_jsonl", str(exp / "generated.jsonl"), "--out_jsonl",
+               str(exp / "expansion.jsonl"), "--gen_round", "8", "--max_rounds", "1", "--target_valid", "100",
+               "--target_k", "3", "--seed", "7", "--source", "local", "--local_corpus", str(fix / "papers.jsonl"),
+               "--judge", "1", "--judged_jsonl", str(exp / "judged.jsonl"), "--judge_args",
+               f"{backend} --threshold 0.5 --judge_k 3 --cache_jsonl {run / 'cache' / 'judge.jsonl'}",
+               "--", "--backend", "openai", "--openai_url", srv.url + "/v1"]
+        for folder in ("state", "logs"):
+            (run / folder).mkdir()
+        env = dict(os.environ, REPAIR_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+        env.pop("OPENAI_API_KEY", None)
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    verified, judged = read_jsonl(exp / "expansion.jsonl"), read_jsonl(exp / "judged.jsonl")
+    judged_yes = lambda hit: len(hit["title"].split()) % 3 == 0  # what the judge server says yes to
+    expected = [r["id"] for r in verified if any(judged_yes(h) for h in [r["pos_meta"], *r["negative_candidates"]][:3])]
+    assert [r["id"] for r in judged] == expected and 0 < len(judged) < len(verified)
+    assert all(judged_yes(r["pos_meta"]) and r["pos_p_yes"] == 0.8 for r in judged)
+    assert f"expansion round 1: {len(judged)} / 100 valid tuples" in res.stdout
+    assert (run / "state" / "iter1.expansion.done").read_text() == f"{len(judged)}\n"
+    assert (run / "state" / "iter1.06d_judge.r1.done").exists()
+    judge_cmd = (run / "logs" / "iter1.06d_judge.r1.cmd").read_text()
+    assert f"06d_judge_relevance.py --input_jsonl {exp / 'expansion.jsonl'} --out_jsonl {exp / 'judged.jsonl'}" \
+        in judge_cmd and "--threshold 0.5 --judge_k 3" in judge_cmd
+    assert len(read_jsonl(run / "cache" / "judge.jsonl")) == sum(min(3, 1 + len(r["negative_candidates"]))
+                                                                  for r in verified)
