@@ -65,23 +65,27 @@ def tiny_causal(tmp_path_factory) -> Path:
     return build_tiny_causal(tmp_path_factory.mktemp("tiny_judge"), seed=3)
 
 
-def _p_yes_by_hand(folder: Path, prompt: str) -> float:
-    """P(yes) computed from scratch: the model's full forward on the unpadded chat-templated prompt, the softmax of
+def _p_yes_by_hand(folder: Path, prompts: list[str]) -> list[float]:
+    """P(yes) computed from scratch: the model's full forward on each unpadded chat-templated prompt, the softmax of
     its last-position logits over the single-token spellings of yes / no."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
-    ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, -1]
     spell = lambda words: list(dict.fromkeys(t[0] for t in (tok.encode(w, add_special_tokens=False) for w in words)
                                              if len(t) == 1))
     yes, no = spell(["yes", "Yes", "YES", " yes", " Yes", " YES"]), spell(["no", "No", "NO", " no", " No", " NO"])
     assert yes and no
-    z = torch.exp(logits[yes + no] - logits[yes + no].max())
-    return float(z[:len(yes)].sum() / z.sum())
+    out = []
+    for prompt in prompts:
+        text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                       add_generation_prompt=True)
+        ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, -1]
+        z = torch.exp(logits[yes + no] - logits[yes + no].max())
+        out.append(float(z[:len(yes)].sum() / z.sum()))
+    return out
 
 
 def test_yes_probability_is_the_softmax_of_the_models_yes_no_logits(tiny_causal, tmp_path):
@@ -93,7 +97,7 @@ def test_yes_probability_is_the_softmax_of_the_models_yes_no_logits(tiny_causal,
               PAPERS["p03"]["title"], PAPERS["p03"]["abstract"] * 8)]
     judge = RelevanceJudge(generator, JudgeCache(tmp_path / "cache.jsonl"), batch_size=2)
     got = [r["p_yes"] for r in judge.probabilities(pairs)]
-    expected = [_p_yes_by_hand(tiny_causal, build_judge_prompt(q, t, a)) for q, t, a in pairs]
+    expected = _p_yes_by_hand(tiny_causal, [build_judge_prompt(q, t, a) for q, t, a in pairs])
     assert got == pytest.approx(expected, abs=2e-6)
     assert all(0 < p < 1 for p in got) and len({round(p, 4) for p in got}) == 3  # not a constant
     assert judge.computed == 3 and judge.sources == {"logits": 3}
