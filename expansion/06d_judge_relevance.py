@@ -15,8 +15,9 @@ The output is 06's format plus pos_p_yes, judged_relevant, judge, p_yes on the j
 positive changed, source_pos_meta (docs/expansion.md). One status line per tuple (kept | repicked | dropped, every
 P(yes)) goes to <out_jsonl>.status.jsonl. Judgments are cached in --cache_jsonl, keyed by the judge model and
 the exact prompt: an interrupted run resumes where it stopped, a rerun (or another run given the same cache)
-computes nothing twice. The threshold and the default model come from bench/judge_accuracy.py on T0's own claims
-(docs/results.md).
+computes nothing twice. Measure a judge with bench/judge_accuracy.py on T0's own claims and choose --threshold
+there: on SciFact the default Qwen2.5-Coder-0.5B judge was at chance (AUC 0.52) and the 1.5B near it (AUC 0.59 on
+60 pairs; docs/results.md), so use a stronger served model (--backend openai) before trusting the judge.
 
 Example (what the driver runs with JUDGE=1):
   python expansion/06d_judge_relevance.py --input_jsonl expansion.bottom_30pct.jsonl \\

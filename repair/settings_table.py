@@ -115,8 +115,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("JUDGE_MODEL", "Expansion (Stage II)", "", "the judge for GENERATOR=hf: HF id, folder or alias (with "
        "GENERATOR=openai the judge is the generator's served model)", "model", shown_default=DEFAULT_JUDGE_MODEL),
     _s("JUDGE_THRESHOLD", "Expansion (Stage II)", _number(DEFAULT_THRESHOLD),
-       "P(yes) at which the judge calls a hit relevant (chosen on T0's own claims: bench/judge_accuracy.py, "
-       "docs/results.md)", "float", 0, 1),
+       "P(yes) at which the judge calls a hit relevant; measure the judge and choose it on T0's own claims first "
+       "(bench/judge_accuracy.py: the Qwen2.5-Coder 0.5B / 1.5B judges were near chance on SciFact, docs/results.md)",
+       "float", 0, 1),
     _s("JUDGE_K", "Expansion (Stage II)", str(DEFAULT_JUDGE_K),
        "hits judged per tuple (the positive + the first JUDGE_K - 1 candidates)", "int", 1),
     _s("EXPANSION", "Expansion (Stage II)", "1", "0 = skip Stage II (needs CONFUSED_TUPLES=1: Stage III then sees "
