@@ -224,13 +224,22 @@ for ((k = 1; k <= ITERS; k++)); do
     [[ -n "$OPENAI_EXTRA" ]] && GEN_FLAGS+=(--openai_no_repetition_penalty --openai_extra "$OPENAI_EXTRA")
   fi
   EXPJ="$EXP/expansion.bottom_${PP}pct.jsonl"
+  # JUDGE=1 (issue 30): 06d judges every round's tuples (expansion/06d_judge_relevance.py); Stage III reads its file.
+  # The judge is JUDGE_MODEL in process (no adapter), or the generator's own server with GENERATOR=openai.
+  JUDGE_FLAGS=(--judge "$JUDGE")
+  if [[ "$JUDGE" == 1 ]]; then
+    if [[ "$GENERATOR" == hf ]]; then JUDGE_BACKEND=(--backend hf --model "$JUDGE_MODEL"); else JUDGE_BACKEND=("${GEN_FLAGS[@]}"); fi
+    JUDGE_BACKEND+=(--threshold "$JUDGE_THRESHOLD" --judge_k "$JUDGE_K" --cache_jsonl "$OUT_DIR/cache/judge.jsonl")
+    JUDGE_FLAGS+=(--judged_jsonl "$EXP/expansion.judged.bottom_${PP}pct.jsonl" --judge_args "$(printf '%q ' "${JUDGE_BACKEND[@]}")")
+  fi
   [[ "$EXPANSION" == 1 && ( "$FORCE" == 1 || ! -f "$STATE/iter$k.expansion.done" ) ]] && STEPS_RUN=$((STEPS_RUN + 1))
   "$PYTHON" "$HERE/expansion/05_06_rounds.py" --iteration "iter$k" --state_dir "$STATE" --logs_dir "$LOGS" \
     --expansion "$EXPANSION" --force "$FORCE" --concept_txt "$CONCEPTS" --generated_jsonl "$EXP/generated.bottom_${PP}pct.jsonl" \
     --out_jsonl "$EXPJ" --gen_round "$GEN_ROUND" --max_rounds "$MAX_ROUNDS" --target_valid "$TARGET_VALID" \
     --target_k "$TARGET_K" --seed "$SEED" --grounding "$GROUNDING" --query_form "$QUERY_FORM" --source "$SOURCE" \
     --local_corpus "$LOCAL_CORPUS" --s2_key_file "$S2_KEY_FILE" --elsevier_key_file "$ELSEVIER_KEY_FILE" \
-    --device "$DEVICE" --python "$PYTHON" -- "${GEN_FLAGS[@]}"
+    --device "$DEVICE" --python "$PYTHON" "${JUDGE_FLAGS[@]}" -- "${GEN_FLAGS[@]}"
+  [[ "$JUDGE" == 1 ]] && EXPJ="$EXP/expansion.judged.bottom_${PP}pct.jsonl"
 
   if [[ "$QUERY_FORM" == t0 && "$EXPANSION" == 1 ]]; then  # issue 16: q_new rewritten in T0's query style
     EXPT0="$EXP/expansion.t0.bottom_${PP}pct.jsonl"

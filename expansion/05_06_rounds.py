@@ -5,7 +5,9 @@ Round r runs 05 for r x --gen_round queries in all, then 06 on them, each as a d
 marker in --state_dir exists; command in --logs_dir/<step>.cmd, output in <step>.log), and prints
 "expansion round r: V / T valid tuples". A killed run resumes the unfinished round; a finished stage (marker
 <iteration>.expansion.done, holding the valid count) is skipped. Everything after "--" goes to 05 as generator
-flags (--backend, --model, --adapter, --openai_url ...). run_repair.sh calls this once per iteration.
+flags (--backend, --model, --adapter, --openai_url ...). With --judge 1 (JUDGE=1, issue 30) each round also runs
+06d (expansion/06d_judge_relevance.py, flags in --judge_args) on 06's file into --judged_jsonl, and the judged tuples
+are the ones counted. run_repair.sh calls this once per iteration.
 
 Example (what the driver runs, shortened):
   python expansion/05_06_rounds.py --iteration iter1 --state_dir run/.state --logs_dir run/logs \\
@@ -58,6 +60,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--elsevier_key_file", default="",
                    help="ELSEVIER_KEY_FILE (SOURCE=elsevier; empty: $ELSEVIER_API_KEY)")
     p.add_argument("--device", default="", help="DEVICE of 05's generator (empty: 05's default)")
+    p.add_argument("--judge", type=int, choices=[0, 1], default=0,
+                   help="JUDGE: 1 runs 06d after each 06 and counts its kept tuples (default: %(default)s)")
+    p.add_argument("--judged_jsonl", default="", help="06d's output (needed with --judge 1)")
+    p.add_argument("--judge_args", default="",
+                   help="06d's flags as one shell-quoted string, e.g. \"--backend hf --model qwen2.5-coder-0.5b "
+                        "--threshold 0.5 --judge_k 5 --cache_jsonl run/cache/judge.jsonl\"")
     p.add_argument("--python", default=sys.executable,
                    help="the interpreter that runs 05 and 06 (the driver's $PYTHON) (default: this one)")
     return p.parse_args(own), generator_flags
@@ -65,13 +73,16 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str]) -> int:
     args, generator_flags = parse_args(argv)
+    if args.judge == 1 and not args.judged_jsonl:
+        raise SystemExit("--judge 1 needs --judged_jsonl")
     stage = ExpansionRounds(
         iteration=args.iteration, concept_txt=Path(args.concept_txt), generated_jsonl=Path(args.generated_jsonl),
         out_jsonl=Path(args.out_jsonl), gen_round=args.gen_round, max_rounds=args.max_rounds,
         target_valid=args.target_valid, target_k=args.target_k, seed=args.seed, grounding=args.grounding,
         query_form=args.query_form, source=args.source, local_corpus=args.local_corpus,
         s2_key_file=args.s2_key_file, elsevier_key_file=args.elsevier_key_file, generator_flags=generator_flags,
-        device=args.device)
+        device=args.device, judged_jsonl=Path(args.judged_jsonl) if args.judge == 1 else None,
+        judge_args=args.judge_args)
     runner = StepRunner(Path(args.state_dir), Path(args.logs_dir), force=args.force == 1)
     try:
         run_expansion_rounds(stage, runner, python=args.python, scripts=Path(__file__).absolute().parent,

@@ -9,12 +9,15 @@ stage's marker ``iter{k}.expansion.done`` holds the number of valid tuples.
 
 The driver's settings map to the steps' flags here, not in shell: SOURCE (local | semantic_scholar | elsevier,
 with LOCAL_CORPUS or the key files), QUERY_FORM (``generated`` -> 06 ``--query_form generated``; ``t0`` is a step
-after this one), EXPANSION=0 (skip), FORCE=1 (start the stage over). Separate from 05 and 06 themselves
+after this one), EXPANSION=0 (skip), FORCE=1 (start the stage over), JUDGE=1 (issue 30: after each 06, step
+``iter{k}.06d_judge.r{r}`` judges the whole expansion file into ``judged_jsonl``, its judgments cached so each round
+computes only the new tuples', and the rounds count the judged tuples that were kept). Separate from 05 and 06 themselves
 (:mod:`repair.expansion.query_generation`, :mod:`repair.expansion.verification`): this module only decides what runs next.
 """
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from repair.expansion.verification import count_valid
 
 SOURCES = ("local", "semantic_scholar", "elsevier")
 GENERATE_SCRIPT = "05_query_generation.py"
+JUDGE_SCRIPT = "06d_judge_relevance.py"
 SOURCE_SCRIPTS = {"local": "06_local_corpus.py", "semantic_scholar": "06_semantic_scholar.py",
                   "elsevier": "06_elsevier.py"}
 
@@ -48,6 +52,8 @@ class ExpansionRounds:
     elsevier_key_file: str = ""
     generator_flags: list[str] = field(default_factory=list)  # 05's --backend/--model/--adapter/--openai_url
     device: str = ""
+    judged_jsonl: Path | None = None  # JUDGE=1: 06d's output (the tuples Stage III reads); None = no judge
+    judge_args: str = ""  # 06d's flags (shell words): backend, model, threshold, judge_k, cache
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -82,10 +88,22 @@ class ExpansionRounds:
             cmd += ["--query_form", "generated"]
         return cmd
 
+    def judge_command(self, python: str, scripts: Path) -> list[str]:
+        """06d on everything 06 verified so far (earlier rounds' judgments come from its cache)."""
+        cmd = [python, str(scripts / JUDGE_SCRIPT), "--input_jsonl", str(self.out_jsonl), "--out_jsonl",
+               str(self.judged_jsonl), *shlex.split(self.judge_args)]
+        if self.device:
+            cmd += ["--device", self.device]
+        return cmd
+
+    def counted_jsonl(self) -> Path:
+        """The file whose tuples count towards the target: 06d's when judging, else 06's."""
+        return self.judged_jsonl or self.out_jsonl
+
     def outputs(self) -> list[Path]:
         """The stage's files (05's and 06's, with their rounds and status files), what FORCE=1 removes."""
         found: list[Path] = []
-        for path in (self.generated_jsonl, self.out_jsonl):
+        for path in (self.generated_jsonl, self.out_jsonl, *([self.judged_jsonl] if self.judged_jsonl else [])):
             found += sorted(path.parent.glob(f"{_glob_escape(path.name)}*"))
         return found
 
@@ -116,7 +134,9 @@ def run_expansion_rounds(stage: ExpansionRounds, runner: StepRunner, *, python: 
     for round_no in range(1, stage.max_rounds + 1):
         runner.run(f"{stage.iteration}.05_generate.r{round_no}", stage.generate_command(python, scripts, round_no))
         runner.run(f"{stage.iteration}.06_verify.r{round_no}", stage.verify_command(python, scripts))
-        valid = count_valid(stage.out_jsonl)
+        if stage.judged_jsonl:
+            runner.run(f"{stage.iteration}.06d_judge.r{round_no}", stage.judge_command(python, scripts))
+        valid = count_valid(stage.counted_jsonl())
         say(f"expansion round {round_no}: {valid} / {stage.target_valid} valid tuples")
         if valid >= stage.target_valid:
             break
@@ -125,7 +145,8 @@ def run_expansion_rounds(stage: ExpansionRounds, runner: StepRunner, *, python: 
             "the run goes on with")
         say("  these (more: raise MAX_ROUNDS or GEN_ROUND, or use a stronger generator; see docs/expansion.md)")
     # the stage's record (repair.driver.steps): the union of its rounds' step records, as a reused stage takes them all
-    rounds = [f"{stage.iteration}.{step}.r{r}" for r in range(1, round_no + 1) for step in ("05_generate", "06_verify")]
+    steps = ("05_generate", "06_verify", *(("06d_judge",) if stage.judged_jsonl else ()))
+    rounds = [f"{stage.iteration}.{step}.r{r}" for r in range(1, round_no + 1) for step in steps]
     write_outputs(runner.state_dir, f"{stage.iteration}.expansion",
                   sorted({f for name in rounds for f in (step_outputs(runner.state_dir, name) or [])}))
     marker.write_text(f"{valid}\n")

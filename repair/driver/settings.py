@@ -28,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from repair.data import write_json
 from repair.driver.settings_table import SETTINGS, Setting
+from repair.expansion.relevance_judge import DEFAULT_JUDGE_MODEL
 from repair.models import check_model_name
 from repair.training.config import CAUSALNEG_QEM_LAMBDA, TrainConfig, epoch_steps
 
@@ -136,6 +137,7 @@ def resolve(environ: Mapping[str, str], root: Path) -> Resolved:
             values[s.name], origin[s.name] = s.default, "default"
     computed = {
         "GEN_MODEL": values["MODEL"],
+        "JUDGE_MODEL": DEFAULT_JUDGE_MODEL,
         # causalneg trains on every negative of a line with QEM; plain REPAIR on the trainer's own defaults
         "NUM_HARD_NEG": "-1" if values["NEGATIVES"] == "causalneg" else str(TrainConfig.num_hard_negatives),
         "QEM_LAMBDA": (str(CAUSALNEG_QEM_LAMBDA) if values["NEGATIVES"] == "causalneg"
@@ -307,6 +309,8 @@ def validate(resolved: Resolved, environ: Mapping[str, str]) -> list[str]:
             and not Path(v["TRAIN_DATA"]).expanduser().is_dir()):
         bad("T0_NEGATIVES", "T0_NEGATIVES=bm25 mines T0's negatives from LOCAL_CORPUS (a BEIR folder or JSONL of "
                             "papers); it defaults to TRAIN_DATA only when that is a folder")
+    if v["JUDGE"] == "1" and v["EXPANSION"] == "0":
+        bad("JUDGE", "JUDGE=1 judges Stage II's verified tuples: it needs EXPANSION=1")
     if v["EXPANSION"] == "0" and v["CONFUSED_TUPLES"] != "1":
         bad("EXPANSION", "EXPANSION=0 needs CONFUSED_TUPLES=1: without Stage II's tuples Stage III has no input")
     if v["ITER_STEPS"] == "t0" and any(flag.split("=")[0] == "--max_steps" for flag in v["TRAIN_EXTRA"].split()):

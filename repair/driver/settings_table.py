@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from repair.expansion.relevance_judge import DEFAULT_JUDGE_K, DEFAULT_JUDGE_MODEL, DEFAULT_THRESHOLD
 from repair.models import DEFAULT_MODEL
 from repair.training.config import CAUSALNEG_QEM_LAMBDA, TrainConfig
 
@@ -110,6 +111,19 @@ SETTINGS: tuple[Setting, ...] = (
        "what q_new is: title = the verified top hit's title (the paper); generated = the generator's own query; "
        "t0 = rewritten in T0's query style (expansion/06c_t0_style_queries.py)", "choice",
        choices=("title", "generated", "t0")),
+    _s("JUDGE", "Expansion (Stage II)", "0",
+       "1 = an instruct model judges each verified tuple's first JUDGE_K hits after every 06 (expansion/"
+       "06d_judge_relevance.py, issue 30): P(yes) from its logits; the positive becomes the hit rated highest, a "
+       "tuple with no hit at JUDGE_THRESHOLD is dropped, other hits at the threshold are never negatives; the "
+       "rounds count the kept tuples; judgments cached in $OUT_DIR/cache/judge.jsonl", "flag"),
+    _s("JUDGE_MODEL", "Expansion (Stage II)", "", "the judge for GENERATOR=hf: HF id, folder or alias (with "
+       "GENERATOR=openai the judge is the generator's served model)", "model", shown_default=DEFAULT_JUDGE_MODEL),
+    _s("JUDGE_THRESHOLD", "Expansion (Stage II)", _number(DEFAULT_THRESHOLD),
+       "P(yes) at which the judge calls a hit relevant; measure the judge and choose it on T0's own claims first "
+       "(bench/judge_accuracy.py: the Qwen2.5-Coder 0.5B / 1.5B judges were near chance on SciFact, docs/results.md)",
+       "float", 0, 1),
+    _s("JUDGE_K", "Expansion (Stage II)", str(DEFAULT_JUDGE_K),
+       "hits judged per tuple (the positive + the first JUDGE_K - 1 candidates)", "int", 1),
     _s("EXPANSION", "Expansion (Stage II)", "1", "0 = skip Stage II (needs CONFUSED_TUPLES=1: Stage III then sees "
        "only the diagnosed T0 queries)", "flag"),
     _s("TOP_K", "Differentiation (Stage III)", "15", "hard negatives kept per tuple (Eq. 7)", "int", 1),

@@ -10,6 +10,8 @@ about the diagnosed concepts, verified in the literature.
 - :mod:`.concept_search` and :mod:`.verification` -- 06: search each query, keep the top hit as the new
   (query, positive) and the other hits as negative candidates;
 - :mod:`.t0_style` -- 06c: rewrite a verified title into the form of T0's own queries;
+- :mod:`.relevance_judge` -- 06d (``JUDGE=1``): an instruct model's P(yes) that a hit answers the query; re-picks the
+  positive, drops unsupported tuples, keeps hits judged relevant out of the negative candidates;
 - :mod:`.cli` -- the one command line behind the three 06 scripts.
 
 Reads ``final_terms.bottom_{pp}pct.txt`` (Stage I's C_conf); writes the generated queries JSONL and the expansion
