@@ -314,6 +314,12 @@ def test_models_are_resolved_up_front_without_weights(tmp_path):
     assert problems_for({**offline, "EXTRACTOR": "matdetector"})[0].startswith(
         "NER_MODEL: 'yerim0210/MatDetector' is not in the Hugging Face cache")
     assert problems_for({**offline, "MODEL": "minilm"}) == []  # aliases resolve to packaged files
+    # JUDGE_MODEL is loaded only by the opt-in judge step (JUDGE=1, hf): unchecked otherwise, so a default alias whose
+    # packages are not installed (a fresh machine without GENERATORS=1) never stops a run that does not judge
+    missing_judge = {**offline, "JUDGE_MODEL": "org/judge"}
+    assert problems_for(missing_judge) == []
+    assert problems_for({**missing_judge, "JUDGE": "1"})[0].startswith("JUDGE_MODEL: 'org/judge' is not in the")
+    assert problems_for({**missing_judge, "JUDGE": "1", "GENERATOR": "openai", "OPENAI_URL": "http://127.0.0.1:1/v1"}) == []
 
 
 def test_every_eval_data_entry_is_checked_with_the_files_its_task_reads(tmp_path):

@@ -41,6 +41,14 @@ BY_NAME = {s.name: s for s in SETTINGS}
 DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
+# A model that only an opt-in step loads is checked only when that step runs (a default alias whose packages a user
+# never installed must not stop a run that does not use it).
+OPTIONAL_MODEL_USED = {
+    "NER_MODEL": lambda v: v["EXTRACTOR"] == "matdetector",
+    "JUDGE_MODEL": lambda v: v["JUDGE"] == "1" and v["GENERATOR"] == "hf",  # openai: the generator's server judges
+}
+
+
 class SettingsError(ValueError):
     """One or more settings are invalid; ``problems`` holds one message per setting."""
 
@@ -245,7 +253,7 @@ def validate(resolved: Resolved, environ: Mapping[str, str]) -> list[str]:
             bad(s.name, f"{s.name} must be 0 or 1, got {value!r}")
         elif s.kind == "choice" and value not in s.choices:
             bad(s.name, f"{s.name} must be {', '.join(s.choices[:-1])} or {s.choices[-1]}, got {value!r}")
-        elif s.kind == "model" and not (s.name == "NER_MODEL" and v["EXTRACTOR"] != "matdetector") \
+        elif s.kind == "model" and OPTIONAL_MODEL_USED.get(s.name, lambda _: True)(v) \
                 and not (s.name == "GEN_MODEL" and value == v["MODEL"]):  # MODEL's own check covers it
             if not value:
                 bad(s.name, f"{s.name} must not be empty")
