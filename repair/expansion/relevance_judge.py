@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from repair.data import DataError, JsonlAppender, iter_appended_jsonl, iter_jsonl, write_jsonl
+from repair.text import clip_text
 
 logger = logging.getLogger(__name__)
 
@@ -60,21 +61,11 @@ OPENAI_TOP_LOGPROBS = 20  # the most the OpenAI API (and vLLM's default max_logp
 
 
 # ---------------------------------------------------------------------------------------------- prompt
-def clip(text: str, max_chars: int) -> str:
-    """``text`` with whitespace collapsed, cut at a word boundary to at most ``max_chars`` characters (a small
-    judge's context and its prefill time stay bounded)."""
-    text = " ".join(text.split())
-    if len(text) <= max_chars:
-        return text
-    cut = text[:max_chars]
-    return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + " ..."
-
-
 def build_judge_prompt(query: str, title: str, abstract: str, max_chars: int = 1000) -> str:
     """The judge's question (our own wording): the query, the document, then the yes/no question last, so the
     answer is the next token. "For or against": a SciFact claim's relevant abstracts include those that refute it."""
     doc = f"Title: {' '.join(title.split())}\n" if title.strip() else ""
-    return (f"Query: {' '.join(query.split())}\n\nDocument:\n{doc}Abstract: {clip(abstract, max_chars)}\n\n"
+    return (f"Query: {' '.join(query.split())}\n\nDocument:\n{doc}Abstract: {clip_text(abstract, max_chars)}\n\n"
             "Is this document relevant to the query, that is, does it answer the query or give evidence for or "
             "against it? Answer with one word: yes or no.")
 
@@ -335,10 +326,6 @@ def read_expansion_for_judge(path: str | Path) -> list[dict]:
     return rows
 
 
-def status_path_for_judge(out_jsonl: str | Path) -> Path:
-    return Path(str(out_jsonl) + ".status.jsonl")
-
-
 def judge_expansion(input_jsonl: str | Path, judge: RelevanceJudge, out_jsonl: str | Path, *,
                     threshold: float = DEFAULT_THRESHOLD, judge_k: int = DEFAULT_JUDGE_K, query_field: str = "auto",
                     chunk: int = 16, progress: bool = True) -> JudgeStats:
@@ -379,7 +366,9 @@ def judge_expansion(input_jsonl: str | Path, judge: RelevanceJudge, out_jsonl: s
             kept.append(out)
         stats.judged_pairs += len(pairs)
     write_jsonl(out_jsonl, kept)
-    write_jsonl(status_path_for_judge(out_jsonl), status)
+    from repair.expansion.verification import status_path_for  # 06's status-file naming, one definition
+
+    write_jsonl(status_path_for(out_jsonl), status)
     stats.computed, stats.reused, stats.p_from = judge.computed, judge.reused, dict(judge.sources)
     stats.seconds = time.time() - t0
     return stats
