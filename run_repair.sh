@@ -232,8 +232,10 @@ for ((k = 1; k <= ITERS; k++)); do
     JUDGE_BACKEND+=(--threshold "$JUDGE_THRESHOLD" --judge_k "$JUDGE_K" --cache_jsonl "$OUT_DIR/cache/judge.jsonl")
     JUDGE_FLAGS+=(--judged_jsonl "$EXP/expansion.judged.bottom_${PP}pct.jsonl" --judge_args "$(printf '%q ' "${JUDGE_BACKEND[@]}")")
   fi
-  [[ "$EXPANSION" == 1 && ( "$FORCE" == 1 || ! -f "$STATE/iter$k.expansion.done" ) ]] && STEPS_RUN=$((STEPS_RUN + 1))
-  "$PYTHON" "$HERE/expansion/05_06_rounds.py" --iteration "iter$k" --state_dir "$STATE" --logs_dir "$LOGS" \
+  # QUERY_FORM=doc2query (issue 30): no concept search; 06c writes queries from Stage I's confusing documents below
+  D2Q=0; [[ "$QUERY_FORM" == doc2query && "$EXPANSION" == 1 ]] && D2Q=1
+  [[ "$EXPANSION" == 1 && "$D2Q" == 0 && ( "$FORCE" == 1 || ! -f "$STATE/iter$k.expansion.done" ) ]] && STEPS_RUN=$((STEPS_RUN + 1))
+  [[ "$D2Q" == 0 ]] && "$PYTHON" "$HERE/expansion/05_06_rounds.py" --iteration "iter$k" --state_dir "$STATE" --logs_dir "$LOGS" \
     --expansion "$EXPANSION" --force "$FORCE" --concept_txt "$CONCEPTS" --generated_jsonl "$EXP/generated.bottom_${PP}pct.jsonl" \
     --out_jsonl "$EXPJ" --gen_round "$GEN_ROUND" --max_rounds "$MAX_ROUNDS" --target_valid "$TARGET_VALID" \
     --target_k "$TARGET_K" --seed "$SEED" --grounding "$GROUNDING" --query_form "$QUERY_FORM" --source "$SOURCE" \
@@ -246,19 +248,28 @@ for ((k = 1; k <= ITERS; k++)); do
     if [[ "$FORCE" == 1 ]]; then rm -f "$EXPT0"*; fi
     T0_RESUME=(); [[ -f "$EXPT0" ]] && T0_RESUME=(--resume)
     step "iter$k.06c_t0_style" "" "$PYTHON" "$HERE/expansion/06c_t0_style_queries.py" --input_jsonl "$EXPJ" \
-      --train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT" --out_jsonl "$EXPT0" --seed "$SEED" \
+      --train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT" --out_jsonl "$EXPT0" --seed "$SEED" --style "$QUERY_STYLE" \
       "${GEN_FLAGS[@]}" "${T0_RESUME[@]}" "${DEVICE_FLAG[@]}"
     EXPJ="$EXPT0"
   fi
-
-  # ---- Stage III: Differentiation (input: the verified tuples and, with CONFUSED_TUPLES=1, Q_conf's own queries)
-  S3_IN=(); [[ "$EXPANSION" == 1 ]] && S3_IN=("$EXPJ")
-  if [[ "$CONFUSED_TUPLES" == 1 ]]; then
-    CONFJ="$DIF/confused_tuples.bottom_${PP}pct.jsonl"
+  # Q_conf's own queries with D-(q) (06b): Stage III's input with CONFUSED_TUPLES=1, doc2query's documents with D2Q=1
+  CONFJ="$DIF/confused_tuples.bottom_${PP}pct.jsonl"
+  if [[ "$CONFUSED_TUPLES" == 1 || "$D2Q" == 1 ]]; then
     step "iter$k.06b_confused" "" "$PYTHON" "$HERE/differentiation/06b_confused_tuples.py" --dia_out_dir "$DIA" \
       --pct "$PCT" --train_pt "$TRAIN_DATA" --split "$TRAIN_SPLIT" --top_neg_n "$TARGET_K" --output_jsonl "$CONFJ"
-    S3_IN+=("$CONFJ")
   fi
+  if [[ "$D2Q" == 1 ]]; then
+    EXPJ="$EXP/expansion.doc2query.bottom_${PP}pct.jsonl"
+    if [[ "$FORCE" == 1 ]]; then rm -f "$EXPJ"*; fi
+    D2Q_RESUME=(); [[ -f "$EXPJ" ]] && D2Q_RESUME=(--resume)
+    step "iter$k.06c_doc2query" "" "$PYTHON" "$HERE/expansion/06c_t0_style_queries.py" --input_jsonl "$CONFJ" \
+      --doc2query "$D2Q_DOCS" --train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT" --out_jsonl "$EXPJ" --seed "$SEED" \
+      --style "$QUERY_STYLE" "${GEN_FLAGS[@]}" "${D2Q_RESUME[@]}" "${DEVICE_FLAG[@]}"
+  fi
+
+  # ---- Stage III: Differentiation (input: Stage II's tuples and, with CONFUSED_TUPLES=1, Q_conf's own queries)
+  S3_IN=(); [[ "$EXPANSION" == 1 ]] && S3_IN=("$EXPJ")
+  [[ "$CONFUSED_TUPLES" == 1 ]] && S3_IN+=("$CONFJ")
   FN_FLAGS=(); [[ -n "$FN_PCT" ]] && FN_FLAGS+=(--fn_pct "$FN_PCT"); [[ -n "$FN_MARGIN" ]] && FN_FLAGS+=(--fn_margin "$FN_MARGIN")
   step "iter$k.07_embed" "$DIF/embeddings" "$PYTHON" "$HERE/differentiation/07_embed_candidates.py" --input_jsonl "${S3_IN[@]}" \
     --output_dir "$DIF/embeddings" --num_gpus "$NPROC" --model "$CUR_MODEL" "${AFLAG[@]}" --max_length "$MAX_LENGTH" \

@@ -196,6 +196,19 @@ VARIANTS: dict[str, Variant] = {
     # same optimizer and LR schedule, lever 3's tuples added; bm25x2 is its exact control (no second warmup in either)
     "repair_conf_bm25_one": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "T0_NEGATIVES": "bm25",
                                      "WARM_START": "1", "ITER_STEPS": "t0", "SCHEDULE": "one"}, None, budget="driver"),
+    # the decoder form of repair_conf_bm25_one (issue 30 section 1): in-batch negatives for T0 throughout, since hard
+    # negatives from step 1 slow SmolLM2's escape from its collapsed embeddings; the warm start is inbatch2x's first
+    # half (the same commands and data), iteration 1 diagnoses that model and goes on in the same schedule with
+    # lever 3's tuples added; inbatch2x (one schedule of 2 x --steps in-batch steps) is its exact control
+    "repair_conf_one": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "WARM_START": "1", "ITER_STEPS": "t0",
+                                "SCHEDULE": "one"}, None, budget="driver"),
+    # issue 30 section 3: Stage II as doc2query on lever 3's configuration (the same diagnosis, reused): the 1.5B
+    # generator (CTranslate2 int8) writes a claim from each document that outranks a confused claim's positive;
+    # repair_conf_only is the same configuration without these tuples (Stage II's own contribution)
+    "repair_conf_d2q": Variant({"CONFUSED_TUPLES": "1", "QUERY_FORM": "doc2query", "GEN_MODEL": "qwen2.5-coder-1.5b",
+                                "GEN_BACKEND": "ct2"}, "04:repair_conf_only"),
+    "repair_conf_d2q_mixed": Variant({"CONFUSED_TUPLES": "1", "QUERY_FORM": "doc2query", "QUERY_STYLE": "mixed",
+                                      "GEN_MODEL": "qwen2.5-coder-1.5b", "GEN_BACKEND": "ct2"}, "04:repair_conf_only"),
     # Eq. 6 with kappa = TOP_K: keep the diagnosed claims whose gold positive ranks low in its own pool (the most
     # confused ones, which kappa 5 drops although their positive is gold, not generated)
     "repair_conf_only_k15": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),

@@ -8,6 +8,12 @@ a fixed seed, then the verified abstract, and writes one query; the project's qu
 prompt, empty, too short and too long answers, and answers sharing too few words with the abstract (off_passage).
 A tuple whose rewrite fails keeps its title (--on_failure keep_title, the default) or is left out (drop); both are
 counted. The output is 06's expansion JSONL with q_new replaced (the title kept as q_title), ready for 07-09.
+
+QUERY_FORM=doc2query (issue 30, --doc2query N): the input is 06b's confused tuples instead; the first N documents
+that outrank each confused query's positive (Stage I's D-(q), each document once) get a query written from them
+(repair/expansion/doc2query.py): d+ is that document, the candidates are the documents it was confused with. The
+tuples built are written to <out_jsonl>.sources.jsonl first; a document whose query fails is dropped.
+--style mixed asks for a claim, a question and a keyword query in turn (Tamber et al. 2025, arXiv 2505.19274).
 Use a capable generator (Qwen2.5-7B-Instruct, --backend openai): SmolLM2-135M writes claim-shaped text that is
 mostly off topic (docs/expansion.md), at about 12 s per tuple on one CPU thread.
 
@@ -24,17 +30,24 @@ import json
 import sys
 
 
+from dataclasses import asdict
+
 from repair.cli import run_script
-from repair.data import load_seed
+from repair.data import load_seed, write_jsonl
+from repair.expansion.doc2query import doc2query_tuples
 from repair.expansion.generation import (add_generator_args, add_sampling_args, generator_from_args,
                                sampling_from_args)
 from repair.runtime import setup_logging
-from repair.expansion.t0_style import T0_ON_FAILURE, T0_STYLES, rewrite_t0_style
+from repair.expansion.t0_style import MIXED, MIXED_STYLES, T0_ON_FAILURE, T0_STYLES, rewrite_t0_style
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input_jsonl", required=True, help="06's expansion JSONL (verified tuples)")
+    p.add_argument("--input_jsonl", required=True,
+                   help="06's expansion JSONL (verified tuples); with --doc2query, 06b's confused tuples")
+    p.add_argument("--doc2query", type=int, default=0, metavar="N",
+                   help="0 = rewrite 06's tuples (QUERY_FORM=t0); N >= 1 = write a query for the first N documents "
+                        "of each confused query's D-(q) in --input_jsonl (QUERY_FORM=doc2query) (default: %(default)s)")
     p.add_argument("--train_data", "--train_pt", dest="train_data", required=True,
                    help="T0, where the examples come from: original .pt, JSONL {query, positive}, or BEIR folder")
     p.add_argument("--split", default="train", help="qrels split of a BEIR --train_data (default: %(default)s)")
@@ -46,16 +59,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--k", type=int, default=3, help="T0 examples per prompt (default: %(default)s)")
     p.add_argument("--seed", type=int, default=42,
                    help="seed of the examples drawn for each tuple and of sampling (default: %(default)s)")
-    p.add_argument("--style", choices=["auto", *T0_STYLES], default="auto",
+    p.add_argument("--style", choices=["auto", *T0_STYLES, MIXED], default="auto",
                    help="the form asked for; auto = the most common form of T0's queries (ends with '?': question; "
-                        "with '.': claim; <= 4 words: keywords; else title) (default: %(default)s)")
-    p.add_argument("--on_failure", choices=T0_ON_FAILURE, default="keep_title",
+                        f"with '.': claim; <= 4 words: keywords; else title); {MIXED} = {', '.join(MIXED_STYLES)} in "
+                        "turn by input position (default: %(default)s)")
+    p.add_argument("--on_failure", choices=T0_ON_FAILURE, default=None,
                    help="a tuple whose rewrite is rejected --attempts times: keep_title = keep the title as q_new "
-                        "(query_form title; no verified tuple lost), drop = leave it out (default: %(default)s)")
+                        "(query_form title; no verified tuple lost), drop = leave it out (default: keep_title; "
+                        "drop with --doc2query, whose tuples have no title)")
     p.add_argument("--attempts", type=int, default=2,
                    help="generations per tuple at most (a rejected answer is asked again) (default: %(default)s)")
     p.add_argument("--chunk_size", type=int, default=8,
                    help="tuples per generation call; keep it fixed for a file (default: %(default)s)")
+    p.add_argument("--max_candidates", type=int, default=20,
+                   help="with --doc2query: negative candidates kept per document (default: %(default)s)")
     p.add_argument("--max_passage_chars", type=int, default=1000,
                    help="passages in the prompt are cut to this many characters (default: %(default)s)")
     p.add_argument("--min_words", type=int, default=3, help="shortest query kept, in words (default: %(default)s)")
@@ -75,16 +92,29 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     setup_logging(args.log_level)
+    if args.doc2query < 0:
+        raise SystemExit(f"--doc2query must be 0 or more, got {args.doc2query}")
+    if args.doc2query and args.on_failure == "keep_title":
+        raise SystemExit("--doc2query tuples have no title to keep: use --on_failure drop")
+    on_failure = args.on_failure or ("drop" if args.doc2query else "keep_title")
     seed_set = load_seed(args.train_data, split=args.split)
+    rewrite_input = args.input_jsonl
+    if args.doc2query:  # the tuples to write queries for, built from Stage I's confused documents
+        tuples, d2q_stats = doc2query_tuples(args.input_jsonl, args.doc2query, args.max_candidates)
+        rewrite_input = f"{args.out_jsonl}.sources.jsonl"
+        write_jsonl(rewrite_input, tuples)  # the same bytes for the same input: a resumed run finds its ids
     generator = generator_from_args(args, default_batch_size=args.chunk_size)
-    stats = rewrite_t0_style(args.input_jsonl, seed_set, generator, args.out_jsonl, k=args.k, seed=args.seed,
+    stats = rewrite_t0_style(rewrite_input, seed_set, generator, args.out_jsonl, k=args.k, seed=args.seed,
                              style=args.style, chunk_size=args.chunk_size, attempts=args.attempts,
-                             on_failure=args.on_failure, max_passage_chars=args.max_passage_chars,
+                             on_failure=on_failure, max_passage_chars=args.max_passage_chars,
                              min_words=args.min_words, max_words=args.max_words or None,
                              min_shared_words=args.min_shared_words,
-                             sampling=sampling_from_args(args), resume=args.resume, progress=not args.no_progress)
+                             sampling=sampling_from_args(args), resume=args.resume, progress=not args.no_progress,
+                             query_form="doc2query" if args.doc2query else "t0")
     summary = {"input_jsonl": args.input_jsonl, "out_jsonl": args.out_jsonl, "t0": seed_set.source,
                "generator": generator.describe(), **stats.as_dict()}
+    if args.doc2query:
+        summary["doc2query"] = {"sources_jsonl": rewrite_input, **asdict(d2q_stats)}
     print(f"  style {stats.style}  rewritten {stats.rewritten}  kept title {stats.kept_title}  dropped "
           f"{stats.dropped}  skipped (done before) {stats.skipped_done}  rejected {dict(stats.rejected)}",
           file=sys.stderr)

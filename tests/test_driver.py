@@ -606,3 +606,44 @@ def test_driver_one_schedule_continues_the_warm_start_mid_schedule(tiny_model_di
     for setting in ("SCHEDULE=one splits one schedule", "CONTROL=1 trains the control"):
         refused = run_driver({**env, "ITER_STEPS": "epochs", "OUT_DIR": str(tmp_path / "r1")}, timeout=60)
         assert refused.returncode == 2 and setting in refused.stderr
+
+
+def doc2query_reply(messages: list[dict], seed: int) -> str:
+    """A query from the words of the passage 06c shows last (the document the query is written from)."""
+    passage = messages[-1]["content"].rsplit("Passage: ", 1)[1]
+    words = re.findall(r"[A-Za-z0-9]{3,}", passage)
+    return f"Query: {words[3]} {words[4]} of {words[5]} films after annealing"
+
+
+def test_driver_doc2query_writes_queries_from_the_confusing_documents(tiny_model_dir, tmp_path):
+    """QUERY_FORM=doc2query (issue 30): no 05 / 06 rounds; 06b's confused tuples feed 06c --doc2query, whose
+    tuples (d+ = a document that outranked a confused claim's positive) are Stage III's input and reach training;
+    with CONFUSED_TUPLES=0 the confused claims themselves are not."""
+    data = make_corpus(tmp_path / "matsci")
+    with FakeServer(openai_route(doc2query_reply, model="fake-generator")) as llm:
+        env = driver_env(tmp_path, tiny_model_dir, data, llm.url, "run_d2q")
+        env.update({"ITERS": "1", "EVAL_DATA": "", "QUERY_FORM": "doc2query", "QUERY_STYLE": "mixed",
+                    "D2Q_DOCS": "2"})
+        proc = run_driver(env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run, logs = tmp_path / "run_d2q", tmp_path / "run_d2q" / "logs"
+    assert not list(logs.glob("iter1.05_*")) and not list(logs.glob("iter1.06_verify*"))
+    cmd = (logs / "iter1.06c_doc2query.cmd").read_text()
+    confused_path = run / "iter1" / "differentiation" / "confused_tuples.bottom_30pct.jsonl"
+    assert f"--input_jsonl {confused_path}" in cmd and "--doc2query 2 " in cmd and "--style mixed" in cmd
+    confused = [json.loads(x) for x in confused_path.open()]
+    written = run / "iter1" / "expansion" / "expansion.doc2query.bottom_30pct.jsonl"
+    tuples = [json.loads(x) for x in written.open()]
+    first_docs = {c["abstract"] for r in confused for c in r["negative_candidates"][:2]}
+    assert tuples and {t["d_pos"] for t in tuples} <= first_docs
+    for t in tuples:  # the positives of the confused claims the document outranked come first among its candidates
+        seeds = [r for r in confused if r["id"] in t["seed_queries"]]
+        assert [c["abstract"] for c in t["negative_candidates"][:len(seeds)]] == [r["d_pos"] for r in seeds]
+        assert t["query_form"] == "doc2query" and t["q_new"].endswith("films after annealing")
+    embed_cmd = (logs / "iter1.07_embed.cmd").read_text()
+    assert str(written) in embed_cmd and str(confused_path) not in embed_cmd  # CONFUSED_TUPLES=0
+    final = [json.loads(x) for x in (run / "iter1" / "differentiation" / "final_train_data.bottom_30pct.jsonl").open()]
+    assert final and {r["query"] for r in final} <= {t["q_new"] for t in tuples}
+    report = json.loads((run / "report.json").read_text())["iterations"][1]
+    assert report["generated"] == len([json.loads(x) for x in open(f"{written}.sources.jsonl")])
+    assert report["generated_accepted"] == len(tuples)

@@ -319,6 +319,9 @@ def validate(resolved: Resolved, environ: Mapping[str, str]) -> list[str]:
                             "papers); it defaults to TRAIN_DATA only when that is a folder")
     if v["JUDGE"] == "1" and v["EXPANSION"] == "0":
         bad("JUDGE", "JUDGE=1 judges Stage II's verified tuples: it needs EXPANSION=1")
+    if v["JUDGE"] == "1" and v["QUERY_FORM"] == "doc2query":
+        bad("JUDGE", "JUDGE=1 judges 06's verified tuples; QUERY_FORM=doc2query writes none (its positive is the "
+                     "document the query was written from)")
     if v["EXPANSION"] == "0" and v["CONFUSED_TUPLES"] != "1":
         bad("EXPANSION", "EXPANSION=0 needs CONFUSED_TUPLES=1: without Stage II's tuples Stage III has no input")
     if v["ITER_STEPS"] == "t0" and any(flag.split("=")[0] == "--max_steps" for flag in v["TRAIN_EXTRA"].split()):

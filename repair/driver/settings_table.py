@@ -109,8 +109,17 @@ SETTINGS: tuple[Setting, ...] = (
     _s("MAX_ROUNDS", "Expansion (Stage II)", "6", "round limit of the 05 -> 06 loop", "int", 1),
     _s("QUERY_FORM", "Expansion (Stage II)", "title",
        "what q_new is: title = the verified top hit's title (the paper); generated = the generator's own query; "
-       "t0 = rewritten in T0's query style (expansion/06c_t0_style_queries.py)", "choice",
-       choices=("title", "generated", "t0")),
+       "t0 = rewritten in T0's query style (expansion/06c_t0_style_queries.py); doc2query = no concept search: a "
+       "query written from each of the first D2Q_DOCS documents that outrank a confused query's positive (Stage I's "
+       "D-(q)), d+ = that document, candidates = the documents it was confused with (06c --doc2query, issue 30)",
+       "choice", choices=("title", "generated", "t0", "doc2query")),
+    _s("QUERY_STYLE", "Expansion (Stage II)", "auto",
+       "the form QUERY_FORM=t0 / doc2query ask for: auto = T0's own (claims for SciFact); claim | question | "
+       "keywords | title; mixed = claim, question, keyword query in turn (Tamber et al. 2025)", "choice",
+       choices=("auto", "claim", "question", "keywords", "title", "mixed")),
+    _s("D2Q_DOCS", "Expansion (Stage II)", "1",
+       "QUERY_FORM=doc2query: documents of each confused query's D-(q) that get a query (each document once)",
+       "int", 1),
     _s("JUDGE", "Expansion (Stage II)", "0",
        "1 = an instruct model judges each verified tuple's first JUDGE_K hits after every 06 (expansion/"
        "06d_judge_relevance.py, issue 30): P(yes) from its logits; the positive becomes the hit rated highest, a "

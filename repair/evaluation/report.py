@@ -30,8 +30,8 @@ KEPT_FIELDS = ("t0", "q_conf", "c_conf", "generated", "generated_accepted", "ver
 class ReportError(RuntimeError):
     """The report cannot be written as asked (it would lose numbers, or PCT disagrees with the run)."""
 
-STAGES = {"diagnosis": ("01_", "02_", "03_", "04_"), "expansion": ("05_", "06_"),
-          "differentiation": ("07_", "08_", "09_", "09b_counterfactual"), "training": ("10_train", "10_warm_start", "10_control"),
+STAGES = {"diagnosis": ("01_", "02_", "03_", "04_"), "expansion": ("05_", "06_", "06c_", "06d_"),
+          "differentiation": ("06b_", "07_", "08_", "09_", "09b_counterfactual"), "training": ("10_train", "10_warm_start", "10_control"),
           "eval": ("eval",)}
 
 
@@ -107,6 +107,11 @@ def collect(run_dir: str | Path, pct: int = 30) -> dict:
             expansion = it / "expansion" / f"expansion.bottom_{pp}pct.jsonl"
             if expansion.exists():
                 row["verified"] = sum(1 for _ in iter_jsonl(expansion, skip_partial_last=True))
+            doc2query = it / "expansion" / f"expansion.doc2query.bottom_{pp}pct.jsonl"
+            if doc2query.exists():  # QUERY_FORM=doc2query: documents asked, queries written (nothing to verify)
+                asked = Path(f"{doc2query}.sources.jsonl")
+                row["generated"] = sum(1 for _ in iter_jsonl(asked, skip_partial_last=True)) if asked.exists() else None
+                row["generated_accepted"] = sum(1 for _ in iter_jsonl(doc2query, skip_partial_last=True))
             stats = _maybe_json(it / "differentiation" / "consistency_stats.json") or {}
             row["kept"] = stats.get("kept")
             row["kept_rate"] = stats.get("kept_rate")

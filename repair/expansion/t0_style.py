@@ -39,6 +39,9 @@ T0_STYLES = {
     "keywords": "a short keyword query the passage is relevant to",
 }
 
+MIXED = "mixed"  # --style mixed: the three forms below in turn (issue 30 section 3)
+MIXED_STYLES = ("claim", "question", "keywords")
+
 
 def query_style(query: str) -> str:
     """The form of one query: ``question`` (ends with ?), ``keywords`` (<= 4 words, no final punctuation),
@@ -60,15 +63,24 @@ def t0_query_style(queries: Sequence[str]) -> str:
     return max(T0_STYLES, key=lambda style: (counts[style], -list(T0_STYLES).index(style)))
 
 
+def style_of(style: str, position: int) -> str:
+    """The form asked for the tuple at input ``position``: ``style`` itself, or with :data:`MIXED` the
+    :data:`MIXED_STYLES` in turn (a function of the position only, so a resumed run asks the same)."""
+    return MIXED_STYLES[position % len(MIXED_STYLES)] if style == MIXED else style
+
+
 def build_t0_style_prompt(examples: Sequence[tuple[str, str]], passage: str, style: str,
-                          max_passage_chars: int = 1000) -> str:
+                          max_passage_chars: int = 1000, match_form: bool = True) -> str:
     """The T0-style rewrite prompt: ``examples`` (query, passage) pairs of T0, then ``passage`` (the verified
-    abstract) and an open ``Query:``; passages are clipped to ``max_passage_chars`` (small-context generators)."""
+    abstract) and an open ``Query:``; passages are clipped to ``max_passage_chars`` (small-context generators).
+    ``match_form`` False (mixed styles) asks for ``style`` although the examples have T0's own form."""
     if style not in T0_STYLES:
         raise ValueError(f"unknown query style {style!r}; expected one of {sorted(T0_STYLES)}")
+    ask = (f"in the same style: {T0_STYLES[style]}. Match the examples' form and length, and do not copy"
+           if match_form else f"as {T0_STYLES[style]} (the examples show the topic and level of detail, not the "
+           "form). Do not copy")
     lines = ["Below are queries from a retrieval training set, each after the passage it retrieves. Write one new "
-             f"query for the last passage in the same style: {T0_STYLES[style]}. Match the examples' form and "
-             "length, and do not copy a sentence of the passage. Write only the query, on one line.", ""]
+             f"query for the last passage {ask} a sentence of the passage. Write only the query, on one line.", ""]
     for query, example in examples:
         lines += [f"Passage: {clip_text(example, max_passage_chars)}", f"Query: {' '.join(query.split())}", ""]
     lines += [f"Passage: {clip_text(passage, max_passage_chars)}", "Query:"]
@@ -132,9 +144,10 @@ def _read_expansion_for_rewrite(path: str | Path) -> list[dict]:
         if rec["id"] in first_line:
             raise DataError(f"{path}:{lineno}: field 'id': {rec['id']!r} repeats line {first_line[rec['id']]} "
                             "(ids must be unique)")
-        if "q_title" in rec:
-            raise DataError(f"{path}:{lineno}: field 'q_title': this line was already rewritten in T0's style; give "
-                            "06's expansion JSONL as input")
+        if "q_title" in rec or "t0_rewrite" in rec:
+            field_name = "q_title" if "q_title" in rec else "t0_rewrite"
+            raise DataError(f"{path}:{lineno}: field '{field_name}': this line was already rewritten in T0's style; "
+                            "give 06's expansion JSONL as input")
         first_line[rec["id"]] = lineno
         rows.append(rec)
     return rows
@@ -159,7 +172,7 @@ def rewrite_t0_style(expansion_jsonl: str | Path, seed_set: SeedSet, generator: 
                      k: int = 3, seed: int = 42, style: str = "auto", chunk_size: int = 8, attempts: int = 2,
                      on_failure: str = "keep_title", max_passage_chars: int = 1000, min_words: int = 3,
                      max_words: int | None = None, min_shared_words: int = 2, sampling: dict | None = None,
-                     resume: bool = False, progress: bool = True) -> T0StyleStats:
+                     resume: bool = False, progress: bool = True, query_form: str = "t0") -> T0StyleStats:
     """QUERY_FORM=t0 (issue 16): rewrite each verified tuple's q_new as a query in T0's own style.
 
     The generator sees ``k`` (query, passage) examples of T0 (:func:`draw_t0_examples`) and the tuple's d+, and
@@ -174,6 +187,9 @@ def rewrite_t0_style(expansion_jsonl: str | Path, seed_set: SeedSet, generator: 
     unchanged. Tuples go in chunks of ``chunk_size`` fixed by input position, each sampled with a seed of (seed,
     chunk): a resumed run regenerates a partly written chunk whole, so it writes the same bytes as one
     uninterrupted run. Lines are appended one complete line at a time; ``resume`` skips the ids done.
+    ``style`` "mixed" asks for the :data:`MIXED_STYLES` in turn by input position (Tamber et al. 2025: mixed query
+    types help where one synthetic type hurts). ``query_form`` is what the written lines are marked as: "t0" for
+    06's tuples, "doc2query" for :mod:`repair.expansion.doc2query`'s (which have no title to keep: use "drop").
     """
     from tqdm import tqdm
 
@@ -191,6 +207,8 @@ def rewrite_t0_style(expansion_jsonl: str | Path, seed_set: SeedSet, generator: 
     check_new_outputs(out_jsonl, status_path, resume)
     inferred = style == "auto"
     style = t0_query_style(seed_set.queries) if inferred else style
+    if style != MIXED and style not in T0_STYLES:
+        raise ValueError(f"unknown query style {style!r}; expected auto, {MIXED} or one of {sorted(T0_STYLES)}")
     max_words = max_words or t0_max_words(seed_set.queries)
     sampling = {**DEFAULT_SAMPLING, **(sampling or {})}
     settings = {"prompt_id": T0_STYLE_PROMPT_ID, "seed": seed, "k": k, "style": style, "chunk_size": chunk_size}
@@ -210,8 +228,9 @@ def rewrite_t0_style(expansion_jsonl: str | Path, seed_set: SeedSet, generator: 
                 continue
             examples = [draw_t0_examples(seed_set, row["id"], k, seed, row["d_pos"]) for row in chunk]
             prompts = [build_t0_style_prompt([(seed_set.queries[i], seed_set.passages[i]) for i in picks],
-                                             row["d_pos"], style, max_passage_chars)
-                       for row, picks in zip(chunk, examples)]
+                                             row["d_pos"], style_of(style, start + j), max_passage_chars,
+                                             match_form=style != MIXED)
+                       for j, (row, picks) in enumerate(zip(chunk, examples))]
             queries: list[str | None] = [None] * len(chunk)
             used: list[int] = [0] * len(chunk)
             reasons: list[list[str]] = [[] for _ in chunk]
@@ -240,14 +259,17 @@ def rewrite_t0_style(expansion_jsonl: str | Path, seed_set: SeedSet, generator: 
                     stats.skipped_done += 1
                     continue
                 title = (row.get("pos_meta") or {}).get("title") or row["q_new"]
+                titled = {"q_title": title} if title else {}  # doc2query tuples have none
                 trace = {"status": "rewritten", **settings, "attempts": used[i], "rejected": reasons[i],
                          "examples": [example_ids[j] for j in examples[i]], "generator": describe}
                 if queries[i] is not None:
-                    out.append({**row, "q_new": queries[i], "q_title": title, "query_form": "t0", "t0_rewrite": trace})
+                    if style == MIXED:
+                        trace["asked_style"] = style_of(style, start + i)
+                    out.append({**row, "q_new": queries[i], **titled, "query_form": query_form, "t0_rewrite": trace})
                     stats.rewritten += 1
                 elif on_failure == "keep_title":
                     trace["status"] = "kept_title"
-                    out.append({**row, "q_title": title, "query_form": row.get("query_form", DEFAULT_QUERY_FORM),
+                    out.append({**row, **titled, "query_form": row.get("query_form", DEFAULT_QUERY_FORM),
                                 "t0_rewrite": trace})
                     stats.kept_title += 1
                 else:
