@@ -28,6 +28,12 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
   inbatch_cont / bm25_cont  inbatch_s<seed> / bm25_s<seed> trained --steps more on the same data: the controls of
                         the lever-4 rows that start from those models (repair_conf_only_from_ft, repair_conf_bm25_from_bm25)
   st_reference          sentence-transformers' own trainer (MultipleNegativesRankingLoss), the calibration peer
+  repair_conf_d2q       issue 30: repair_conf_only + Stage II as doc2query (QUERY_FORM=doc2query, Qwen2.5-Coder-1.5B
+                        on CTranslate2): a claim written from each document that outranks a confused claim's positive;
+                        _mixed asks for a claim, a question and a keyword query in turn
+  repair_conf_one       issue 30: the decoder form of repair_conf_bm25_one (in-batch warm start, then lever 3 in the
+                        same schedule); its control is inbatch2x
+  (every lever row: VARIANTS below)
 
     python bench/quality_scifact.py --scifact ../shared/data/scifact --out runs/quality --rows offshelf inbatch bm25 repair --seeds 1 2
     python bench/quality_scifact.py --out runs/quality --summarize      # the table for docs/results.md
@@ -208,7 +214,7 @@ VARIANTS: dict[str, Variant] = {
     "repair_conf_d2q": Variant({"CONFUSED_TUPLES": "1", "QUERY_FORM": "doc2query", "GEN_MODEL": "qwen2.5-coder-1.5b",
                                 "GEN_BACKEND": "ct2"}, "04:repair_conf_only"),
     "repair_conf_d2q_mixed": Variant({"CONFUSED_TUPLES": "1", "QUERY_FORM": "doc2query", "QUERY_STYLE": "mixed",
-                                      "GEN_MODEL": "qwen2.5-coder-1.5b", "GEN_BACKEND": "ct2"}, "04:repair_conf_only"),
+                                      "GEN_MODEL": "qwen2.5-coder-1.5b", "GEN_BACKEND": "ct2"}, "04:repair_conf_d2q"),
     # Eq. 6 with kappa = TOP_K: keep the diagnosed claims whose gold positive ranks low in its own pool (the most
     # confused ones, which kappa 5 drops although their positive is gold, not generated)
     "repair_conf_only_k15": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),
