@@ -249,7 +249,7 @@ for ((k = 1; k <= ITERS; k++)); do
     T0_RESUME=(); [[ -f "$EXPT0" ]] && T0_RESUME=(--resume)
     step "iter$k.06c_t0_style" "" "$PYTHON" "$HERE/expansion/06c_t0_style_queries.py" --input_jsonl "$EXPJ" \
       --train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT" --out_jsonl "$EXPT0" --seed "$SEED" --style "$QUERY_STYLE" \
-      "${GEN_FLAGS[@]}" "${T0_RESUME[@]}" "${DEVICE_FLAG[@]}"
+      "${GEN_FLAGS[@]}" "${T0_RESUME[@]}" "${DEVICE_FLAG[@]}" $QUERY_EXTRA
     EXPJ="$EXPT0"
   fi
   # Q_conf's own queries with D-(q) (06b): Stage III's input with CONFUSED_TUPLES=1, doc2query's documents with D2Q=1
@@ -264,7 +264,7 @@ for ((k = 1; k <= ITERS; k++)); do
     D2Q_RESUME=(); [[ -f "$EXPJ" ]] && D2Q_RESUME=(--resume)
     step "iter$k.06c_doc2query" "" "$PYTHON" "$HERE/expansion/06c_t0_style_queries.py" --input_jsonl "$CONFJ" \
       --doc2query "$D2Q_DOCS" --train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT" --out_jsonl "$EXPJ" --seed "$SEED" \
-      --style "$QUERY_STYLE" "${GEN_FLAGS[@]}" "${D2Q_RESUME[@]}" "${DEVICE_FLAG[@]}"
+      --style "$QUERY_STYLE" "${GEN_FLAGS[@]}" "${D2Q_RESUME[@]}" "${DEVICE_FLAG[@]}" $QUERY_EXTRA
   fi
 
   # ---- Stage III: Differentiation (input: Stage II's tuples and, with CONFUSED_TUPLES=1, Q_conf's own queries)

@@ -145,6 +145,8 @@ class Variant(NamedTuple):
                                # model (lever 4), whose --steps count in the row's steps
 
 
+D2Q_PROMPT = "--k 2 --max_example_chars 300"  # the doc2query rows' 06c prompt (issue 30)
+
 VARIANTS: dict[str, Variant] = {
     "repair": Variant({}, None),
     "repair_conf": Variant({"CONFUSED_TUPLES": "1"}, "06"),      # lever 3: Q_conf's own claims through Stage III too
@@ -211,10 +213,13 @@ VARIANTS: dict[str, Variant] = {
     # issue 30 section 3: Stage II as doc2query on lever 3's configuration (the same diagnosis, reused): the 1.5B
     # generator (CTranslate2 int8) writes a claim from each document that outranks a confused claim's positive;
     # repair_conf_only is the same configuration without these tuples (Stage II's own contribution)
+    # (two T0 examples cut to 300 characters: a ~440-token prompt instead of ~990, which the 1.5B reads at one
+    # thread at about 8 prompts in 6 minutes)
     "repair_conf_d2q": Variant({"CONFUSED_TUPLES": "1", "QUERY_FORM": "doc2query", "GEN_MODEL": "qwen2.5-coder-1.5b",
-                                "GEN_BACKEND": "ct2"}, "04:repair_conf_only"),
+                                "GEN_BACKEND": "ct2", "QUERY_EXTRA": D2Q_PROMPT}, "04:repair_conf_only"),
     "repair_conf_d2q_mixed": Variant({"CONFUSED_TUPLES": "1", "QUERY_FORM": "doc2query", "QUERY_STYLE": "mixed",
-                                      "GEN_MODEL": "qwen2.5-coder-1.5b", "GEN_BACKEND": "ct2"}, "04:repair_conf_d2q"),
+                                      "GEN_MODEL": "qwen2.5-coder-1.5b", "GEN_BACKEND": "ct2", "QUERY_EXTRA": D2Q_PROMPT},
+                                     "04:repair_conf_d2q"),
     # Eq. 6 with kappa = TOP_K: keep the diagnosed claims whose gold positive ranks low in its own pool (the most
     # confused ones, which kappa 5 drops although their positive is gold, not generated)
     "repair_conf_only_k15": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),

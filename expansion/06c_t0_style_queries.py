@@ -73,6 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="tuples per generation call; keep it fixed for a file (default: %(default)s)")
     p.add_argument("--max_candidates", type=int, default=20,
                    help="with --doc2query: negative candidates kept per document (default: %(default)s)")
+    p.add_argument("--max_example_chars", type=int, default=0,
+                   help="the T0 examples' passages are cut to this many characters; 0 = --max_passage_chars. A CPU "
+                        "generator's time goes into reading the prompt (default: %(default)s)")
     p.add_argument("--max_passage_chars", type=int, default=1000,
                    help="passages in the prompt are cut to this many characters (default: %(default)s)")
     p.add_argument("--min_words", type=int, default=3, help="shortest query kept, in words (default: %(default)s)")
@@ -107,6 +110,7 @@ def main(argv=None) -> dict:
     stats = rewrite_t0_style(rewrite_input, seed_set, generator, args.out_jsonl, k=args.k, seed=args.seed,
                              style=args.style, chunk_size=args.chunk_size, attempts=args.attempts,
                              on_failure=on_failure, max_passage_chars=args.max_passage_chars,
+                             max_example_chars=args.max_example_chars or None,
                              min_words=args.min_words, max_words=args.max_words or None,
                              min_shared_words=args.min_shared_words,
                              sampling=sampling_from_args(args), resume=args.resume, progress=not args.no_progress,

@@ -148,3 +148,12 @@ def test_doc2query_settings_are_checked_up_front(tmp_path):
     assert any("QUERY_FORM=doc2query writes none" in p for p in problems)
     assert any(p.startswith("D2Q_DOCS must be >= 1") for p in problems)
     assert "QUERY_STYLE must be auto, claim, question, keywords, title or mixed, got 'poem'" in problems
+
+
+def test_examples_can_be_cut_shorter_than_the_passage_written_from():
+    from repair.expansion.t0_style import build_t0_style_prompt
+
+    example, passage = "e" * 50 + " " + "x" * 900, "p" * 40 + " " + "y" * 700
+    short = build_t0_style_prompt([("Claim one.", example)], passage, "claim", 1000, max_example_chars=30)
+    assert build_t0_style_prompt([("Claim one.", example)], passage, "claim", 1000).count("x" * 900) == 1
+    assert "xxxxx" not in short and "Passage: " + "e" * 30 in short and short.endswith(f"Passage: {passage}\nQuery:")  # the passage itself stays whole

@@ -117,6 +117,9 @@ SETTINGS: tuple[Setting, ...] = (
        "the form QUERY_FORM=t0 / doc2query ask for: auto = T0's own (claims for SciFact); claim | question | "
        "keywords | title; mixed = claim, question, keyword query in turn (Tamber et al. 2025)", "choice",
        choices=("auto", "claim", "question", "keywords", "title", "mixed")),
+    _s("QUERY_EXTRA", "Expansion (Stage II)", "",
+       "extra flags for expansion/06c_t0_style_queries.py (QUERY_FORM=t0 / doc2query), e.g. '--k 1 "
+       "--max_example_chars 300' (a shorter prompt: a CPU generator's time goes into reading it)"),
     _s("D2Q_DOCS", "Expansion (Stage II)", "1",
        "QUERY_FORM=doc2query: documents of each confused query's D-(q) that get a query (each document once)",
        "int", 1),

@@ -70,9 +70,11 @@ def style_of(style: str, position: int) -> str:
 
 
 def build_t0_style_prompt(examples: Sequence[tuple[str, str]], passage: str, style: str,
-                          max_passage_chars: int = 1000, match_form: bool = True) -> str:
+                          max_passage_chars: int = 1000, match_form: bool = True,
+                          max_example_chars: int | None = None) -> str:
     """The T0-style rewrite prompt: ``examples`` (query, passage) pairs of T0, then ``passage`` (the verified
-    abstract) and an open ``Query:``; passages are clipped to ``max_passage_chars`` (small-context generators).
+    abstract) and an open ``Query:``; passages are clipped to ``max_passage_chars`` (small-context generators), the
+    examples' to ``max_example_chars`` when given (the prompt's length is what a CPU generator pays for).
     ``match_form`` False (mixed styles) asks for ``style`` although the examples have T0's own form."""
     if style not in T0_STYLES:
         raise ValueError(f"unknown query style {style!r}; expected one of {sorted(T0_STYLES)}")
@@ -82,7 +84,8 @@ def build_t0_style_prompt(examples: Sequence[tuple[str, str]], passage: str, sty
     lines = ["Below are queries from a retrieval training set, each after the passage it retrieves. Write one new "
              f"query for the last passage {ask} a sentence of the passage. Write only the query, on one line.", ""]
     for query, example in examples:
-        lines += [f"Passage: {clip_text(example, max_passage_chars)}", f"Query: {' '.join(query.split())}", ""]
+        lines += [f"Passage: {clip_text(example, max_example_chars or max_passage_chars)}",
+                  f"Query: {' '.join(query.split())}", ""]
     lines += [f"Passage: {clip_text(passage, max_passage_chars)}", "Query:"]
     return "\n".join(lines)
 
@@ -170,7 +173,8 @@ def _t0_done(out_jsonl: Path, status_path: Path, settings: dict) -> set[str]:
 
 def rewrite_t0_style(expansion_jsonl: str | Path, seed_set: SeedSet, generator: Any, out_jsonl: str | Path, *,
                      k: int = 3, seed: int = 42, style: str = "auto", chunk_size: int = 8, attempts: int = 2,
-                     on_failure: str = "keep_title", max_passage_chars: int = 1000, min_words: int = 3,
+                     on_failure: str = "keep_title", max_passage_chars: int = 1000,
+                     max_example_chars: int | None = None, min_words: int = 3,
                      max_words: int | None = None, min_shared_words: int = 2, sampling: dict | None = None,
                      resume: bool = False, progress: bool = True, query_form: str = "t0") -> T0StyleStats:
     """QUERY_FORM=t0 (issue 16): rewrite each verified tuple's q_new as a query in T0's own style.
@@ -229,7 +233,7 @@ def rewrite_t0_style(expansion_jsonl: str | Path, seed_set: SeedSet, generator: 
             examples = [draw_t0_examples(seed_set, row["id"], k, seed, row["d_pos"]) for row in chunk]
             prompts = [build_t0_style_prompt([(seed_set.queries[i], seed_set.passages[i]) for i in picks],
                                              row["d_pos"], style_of(style, start + j), max_passage_chars,
-                                             match_form=style != MIXED)
+                                             match_form=style != MIXED, max_example_chars=max_example_chars)
                        for j, (row, picks) in enumerate(zip(chunk, examples))]
             queries: list[str | None] = [None] * len(chunk)
             used: list[int] = [0] * len(chunk)
