@@ -213,8 +213,8 @@ VARIANTS: dict[str, Variant] = {
     # issue 30 section 3: Stage II as doc2query on lever 3's configuration (the same diagnosis, reused): the 1.5B
     # generator (CTranslate2 int8) writes a claim from each document that outranks a confused claim's positive;
     # repair_conf_only is the same configuration without these tuples (Stage II's own contribution)
-    # (two T0 examples cut to 300 characters: a ~440-token prompt instead of ~990, which the 1.5B reads at one
-    # thread at about 8 prompts in 6 minutes)
+    # (two T0 examples cut to 300 characters: a ~440-token prompt instead of ~990; on one thread the 1.5B wrote a
+    # chunk of 8 in 145 s with it, and had not finished the first chunk after 6.5 minutes with the default prompt)
     "repair_conf_d2q": Variant({"CONFUSED_TUPLES": "1", "QUERY_FORM": "doc2query", "GEN_MODEL": "qwen2.5-coder-1.5b",
                                 "GEN_BACKEND": "ct2", "QUERY_EXTRA": D2Q_PROMPT}, "04:repair_conf_only"),
     "repair_conf_d2q_mixed": Variant({"CONFUSED_TUPLES": "1", "QUERY_FORM": "doc2query", "QUERY_STYLE": "mixed",
