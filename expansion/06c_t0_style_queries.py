@@ -41,7 +41,7 @@ from repair.runtime import setup_logging
 from repair.expansion.t0_style import MIXED, MIXED_STYLES, T0_ON_FAILURE, T0_STYLES, rewrite_t0_style
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input_jsonl", required=True,
                    help="06's expansion JSONL (verified tuples); with --doc2query, 06b's confused tuples")
@@ -89,7 +89,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_sampling_args(p)
     p.add_argument("--log_level", default="INFO", help="logging level (default: %(default)s)")
     p.add_argument("--no_progress", action="store_true", help="hide the progress bar")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def main(argv=None) -> dict:

@@ -15,7 +15,6 @@ import pytest
 
 from repair.data import DataError, iter_jsonl, read_jsonl, write_jsonl
 from repair.expansion.doc2query import SOURCE, doc2query_tuples
-from repair.expansion.t0_style import MIXED_STYLES, T0_STYLES, style_of
 from repair.expansion.verification import EXPANSION_REQUIRED
 from tests.helpers_sources import FakeServer, openai_route
 
@@ -122,19 +121,22 @@ def test_06c_doc2query_writes_a_query_per_document_in_mixed_forms_and_resumes(tm
     assert asked == 5  # four documents, the dropped one asked twice
     recs = list(iter_jsonl(out, required=EXPANSION_REQUIRED))  # 06's format: Stage III reads it as is
     assert [r["d_pos"] for r in recs] == [A, B, E]
-    for position, rec in zip((0, 1, 3), recs):
+    for position, asked, rec in zip((0, 1, 3), ("claim", "question", "claim"), recs):
         words = re.findall(r"[A-Za-z]{5,}", rec["d_pos"])[:2]
         assert rec["q_new"] == f"{words[0]} and {words[1]} in lymphoma patients"
         assert rec["query_form"] == "doc2query" and "q_title" not in rec
-        assert rec["t0_rewrite"]["style"] == "mixed" and rec["t0_rewrite"]["asked_style"] == style_of("mixed", position)
+        assert rec["t0_rewrite"]["style"] == "mixed" and rec["t0_rewrite"]["asked_style"] == asked
         assert rec["negative_candidates"] == sources[position]["negative_candidates"]
     # the forms asked in turn by input position (claim, question, keywords, claim), each prompt ending with the
     # document the query is written from
     first = {}
     for prompt in prompts:
         first.setdefault(prompt.rsplit("Passage: ", 1)[1].removesuffix("\nQuery:"), prompt)
-    for position, doc in enumerate([A, B, D, E]):
-        assert f"last passage as {T0_STYLES[MIXED_STYLES[position % 3]]} (the examples show" in first[doc]
+    forms = ("a claim (one declarative sentence) that the passage supports", "a question that the passage answers",
+             "a short keyword query the passage is relevant to", "a claim (one declarative sentence) that the passage "
+             "supports")
+    for doc, form in zip([A, B, D, E], forms):
+        assert f"last passage as {form} (the examples show" in first[doc]
 
 
 def test_doc2query_settings_are_checked_up_front(tmp_path):
@@ -148,6 +150,13 @@ def test_doc2query_settings_are_checked_up_front(tmp_path):
     assert any("QUERY_FORM=doc2query writes none" in p for p in problems)
     assert any(p.startswith("D2Q_DOCS must be >= 1") for p in problems)
     assert "QUERY_STYLE must be auto, claim, question, keywords, title or mixed, got 'poem'" in problems
+    # the setting offers exactly what 06c's --style accepts (the two lists are written in two places)
+    spec = importlib.util.spec_from_file_location("t0_06c_choices", ROOT / "expansion" / "06c_t0_style_queries.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    choices = next(a.choices for a in module.build_parser()._actions if a.dest == "style")
+    from repair.driver.settings import BY_NAME
+    assert set(BY_NAME["QUERY_STYLE"].choices) == set(choices) and len(choices) == 6
 
 
 def test_examples_can_be_cut_shorter_than_the_passage_written_from():

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from repair.data import DataError, iter_jsonl
+from repair.text import word_key
 
 logger = logging.getLogger(__name__)
 
@@ -36,41 +37,39 @@ class Doc2QueryStats:
     candidates: int = 0  # negative candidates over all of them
 
 
-def _same(a: str, b: str) -> bool:
-    return " ".join(a.split()) == " ".join(b.split())
-
-
 def doc2query_tuples(confused_jsonl: str | Path, docs_per_query: int = 1,
                      max_candidates: int = 20) -> tuple[list[dict], Doc2QueryStats]:
     """Expansion-format tuples (``q_new`` empty until the rewrite writes it) for the confusing documents of
     06b's ``confused_jsonl``: the first ``docs_per_query`` candidates of each confused query, each document once.
 
     A document that confuses several queries is one tuple whose candidates start with all their positives (in
-    file order), then their other candidates; copies of the document itself are never candidates; at most
+    file order), then their other candidates; copies of the document itself (the same :func:`repair.text.word_key`)
+    are never candidates, nor is a candidate listed twice; at most
     ``max_candidates`` are kept. Ids are ``d2q:<first confused id>:<rank>``, stable for a given input.
     """
     if docs_per_query < 1 or max_candidates < 1:
         raise ValueError("docs_per_query and max_candidates must be at least 1")
     confused = list(iter_jsonl(confused_jsonl, required=CONFUSED_REQUIRED, with_lineno=True))
-    by_doc: dict[str, dict] = {}  # normalised document text -> its tuple under construction
+    by_doc: dict[str, dict] = {}  # word_key of the document -> its tuple under construction
     for lineno, rec in confused:
         for rank, cand in enumerate(rec["negative_candidates"][:docs_per_query]):
             text = cand.get("abstract") if isinstance(cand, dict) else None
             if not isinstance(text, str) or not text.strip():
                 raise DataError(f"{confused_jsonl}:{lineno}: field 'negative_candidates[{rank}].abstract': "
                                 "expected a non-empty string")
-            key = " ".join(text.split())
-            entry = by_doc.setdefault(key, {"id": f"d2q:{rec['id']}:{rank}", "d_pos": text, "positives": [],
+            entry = by_doc.setdefault(word_key(text), {"id": f"d2q:{rec['id']}:{rank}", "d_pos": text, "positives": [],
                                             "others": [], "seed_queries": []})
             entry["positives"].append(rec["d_pos"])
             entry["others"] += [c.get("abstract", "") for c in rec["negative_candidates"] if isinstance(c, dict)]
             entry["seed_queries"].append(rec["id"])
     stats = Doc2QueryStats(confused_queries=len(confused))
     tuples = []
-    for entry in by_doc.values():
+    for key, entry in by_doc.items():
         candidates: list[str] = []
+        seen = {key}  # the document itself, then every candidate kept
         for text in entry["positives"] + entry["others"]:
-            if text.strip() and not _same(text, entry["d_pos"]) and not any(_same(text, c) for c in candidates):
+            if text.strip() and word_key(text) not in seen:
+                seen.add(word_key(text))
                 candidates.append(text)
         candidates = candidates[:max_candidates]
         if not candidates:

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from repair.data import DataError, JsonlAppender, iter_appended_jsonl, iter_jsonl, write_jsonl
+from repair.expansion.verification import status_path_for  # 06's status-file naming, one definition
 from repair.text import clip_text
 
 logger = logging.getLogger(__name__)
@@ -366,8 +367,6 @@ def judge_expansion(input_jsonl: str | Path, judge: RelevanceJudge, out_jsonl: s
             kept.append(out)
         stats.judged_pairs += len(pairs)
     write_jsonl(out_jsonl, kept)
-    from repair.expansion.verification import status_path_for  # 06's status-file naming, one definition
-
     write_jsonl(status_path_for(out_jsonl), status)
     stats.computed, stats.reused, stats.p_from = judge.computed, judge.reused, dict(judge.sources)
     stats.seconds = time.time() - t0
