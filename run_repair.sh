@@ -238,7 +238,7 @@ for ((k = 1; k <= ITERS; k++)); do
   [[ "$D2Q" == 0 ]] && "$PYTHON" "$HERE/expansion/05_06_rounds.py" --iteration "iter$k" --state_dir "$STATE" --logs_dir "$LOGS" \
     --expansion "$EXPANSION" --force "$FORCE" --concept_txt "$CONCEPTS" --generated_jsonl "$EXP/generated.bottom_${PP}pct.jsonl" \
     --out_jsonl "$EXPJ" --gen_round "$GEN_ROUND" --max_rounds "$MAX_ROUNDS" --target_valid "$TARGET_VALID" \
-    --target_k "$TARGET_K" --seed "$SEED" --grounding "$GROUNDING" --query_form "$QUERY_FORM" --source "$SOURCE" \
+    --target_k "$TARGET_K" --seed "$GEN_SEED" --grounding "$GROUNDING" --query_form "$QUERY_FORM" --source "$SOURCE" \
     --local_corpus "$LOCAL_CORPUS" --s2_key_file "$S2_KEY_FILE" --elsevier_key_file "$ELSEVIER_KEY_FILE" \
     --device "$DEVICE" --python "$PYTHON" "${JUDGE_FLAGS[@]}" -- "${GEN_FLAGS[@]}"
   [[ "$JUDGE" == 1 ]] && EXPJ="$EXP/expansion.judged.bottom_${PP}pct.jsonl"
@@ -248,7 +248,7 @@ for ((k = 1; k <= ITERS; k++)); do
     if [[ "$FORCE" == 1 ]]; then rm -f "$EXPT0"*; fi
     T0_RESUME=(); [[ -f "$EXPT0" ]] && T0_RESUME=(--resume)
     step "iter$k.06c_t0_style" "" "$PYTHON" "$HERE/expansion/06c_t0_style_queries.py" --input_jsonl "$EXPJ" \
-      --train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT" --out_jsonl "$EXPT0" --seed "$SEED" --style "$QUERY_STYLE" \
+      --train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT" --out_jsonl "$EXPT0" --seed "$GEN_SEED" --style "$QUERY_STYLE" \
       "${GEN_FLAGS[@]}" "${T0_RESUME[@]}" "${DEVICE_FLAG[@]}" $QUERY_EXTRA
     EXPJ="$EXPT0"
   fi
@@ -263,7 +263,7 @@ for ((k = 1; k <= ITERS; k++)); do
     if [[ "$FORCE" == 1 ]]; then rm -f "$EXPJ"*; fi
     D2Q_RESUME=(); [[ -f "$EXPJ" ]] && D2Q_RESUME=(--resume)
     step "iter$k.06c_doc2query" "" "$PYTHON" "$HERE/expansion/06c_t0_style_queries.py" --input_jsonl "$CONFJ" \
-      --doc2query "$D2Q_DOCS" --train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT" --out_jsonl "$EXPJ" --seed "$SEED" \
+      --doc2query "$D2Q_DOCS" --train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT" --out_jsonl "$EXPJ" --seed "$GEN_SEED" \
       --style "$QUERY_STYLE" "${GEN_FLAGS[@]}" "${D2Q_RESUME[@]}" "${DEVICE_FLAG[@]}" $QUERY_EXTRA
   fi
 
@@ -289,7 +289,7 @@ for ((k = 1; k <= ITERS; k++)); do
     # shellcheck disable=SC2086
     step "iter$k.09b_counterfactual" "" "$PYTHON" "$HERE/differentiation/09b_counterfactual_negatives.py" --input_jsonl "$FINAL" \
       --output_jsonl "$CN" --k "$CN_K" --ratio "$CN_RATIO" --corpus "${LOCAL_CORPUS:-$TRAIN_DATA}" "${GEN_FLAGS[@]}" \
-      --seed "$SEED" "${CN_RESUME[@]}" "${DEVICE_FLAG[@]}" $CN_EXTRA
+      --seed "$GEN_SEED" "${CN_RESUME[@]}" "${DEVICE_FLAG[@]}" $CN_EXTRA
     FINAL="$CN"
   fi
   TRIPLETS+=(--triplets "$FINAL")

@@ -30,7 +30,8 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
   st_reference          sentence-transformers' own trainer (MultipleNegativesRankingLoss), the calibration peer
   repair_conf_d2q       issue 30: repair_conf_only + Stage II as doc2query (QUERY_FORM=doc2query, Qwen2.5-Coder-1.5B
                         on CTranslate2): a claim written from each document that outranks a confused claim's positive;
-                        _mixed asks for a claim, a question and a keyword query in turn
+                        _mixed asks for a claim, a question and a keyword query in turn; both fix GEN_SEED=1, so
+                        a later seed copies the lowest finished seed's stages up to 09 (one generation, paid once)
   repair_conf_one       issue 30: the decoder form of repair_conf_bm25_one (in-batch warm start, then lever 3 in the
                         same schedule); its control is inbatch2x
   (every lever row: VARIANTS below)
@@ -143,6 +144,11 @@ class Variant(NamedTuple):
                                # "driver": the driver's own ITER_STEPS=t0 budget, --steps per training (WARM_START rows)
     start: str = "offshelf"    # a baseline row ("inbatch", "bm25"): iteration 1 diagnoses and trains <row>_s<seed>'s
                                # model (lever 4), whose --steps count in the row's steps
+    # "STEP": with GEN_SEED fixed in ``settings`` no step up to STEP takes the training seed (Stages I-III run on the
+    # off-the-shelf model; only generation is seeded), so a seed's run copies them from the row's lowest other seed
+    # that finished them: every seed trains on one generation, which is paid once (issue 30: "reuse identical
+    # generations across rows and seeds"); the seeds then measure training's spread, not the generation's
+    seed_free: str | None = None
 
 
 D2Q_PROMPT = "--k 2 --max_example_chars 300"  # the doc2query rows' 06c prompt (issue 30)
@@ -215,11 +221,13 @@ VARIANTS: dict[str, Variant] = {
     # repair_conf_only is the same configuration without these tuples (Stage II's own contribution)
     # (two T0 examples cut to 300 characters: a ~440-token prompt instead of ~990; on one thread the 1.5B wrote a
     # chunk of 8 in 145 s with it, and had not finished the first chunk after 6.5 minutes with the default prompt)
+    # (GEN_SEED 1: seed 1's generation, which its seed-1 row was measured with, is every seed's)
     "repair_conf_d2q": Variant({"CONFUSED_TUPLES": "1", "QUERY_FORM": "doc2query", "GEN_MODEL": "qwen2.5-coder-1.5b",
-                                "GEN_BACKEND": "ct2", "QUERY_EXTRA": D2Q_PROMPT}, "04:repair_conf_only"),
+                                "GEN_BACKEND": "ct2", "QUERY_EXTRA": D2Q_PROMPT, "GEN_SEED": "1"},
+                               "04:repair_conf_only", seed_free="09"),
     "repair_conf_d2q_mixed": Variant({"CONFUSED_TUPLES": "1", "QUERY_FORM": "doc2query", "QUERY_STYLE": "mixed",
-                                      "GEN_MODEL": "qwen2.5-coder-1.5b", "GEN_BACKEND": "ct2", "QUERY_EXTRA": D2Q_PROMPT},
-                                     "04:repair_conf_d2q"),
+                                      "GEN_MODEL": "qwen2.5-coder-1.5b", "GEN_BACKEND": "ct2", "QUERY_EXTRA": D2Q_PROMPT,
+                                      "GEN_SEED": "1"}, "04:repair_conf_d2q", seed_free="09"),
     # Eq. 6 with kappa = TOP_K: keep the diagnosed claims whose gold positive ranks low in its own pool (the most
     # confused ones, which kappa 5 drops although their positive is gold, not generated)
     "repair_conf_only_k15": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),
@@ -419,6 +427,21 @@ class Study:
                                                              "--num_hard_negatives", "1"], self.args.steps, seed)
         return {**result, "conf_tuples": str(tuples.relative_to(self.out)), "conf_tuples_sha256": file_sha256(tuples)}
 
+    def seeds_done(self, row: str, step: str) -> list[int]:
+        """The seeds whose driver run of ``row`` finished iteration 1's ``step`` (e.g. "09_consistency"), in
+        numerical order (s2 before s10)."""
+        seeds = sorted(int(tail) for f in (self.out / "repair").glob(f"{row}_s*")
+                       if (tail := f.name.rpartition("_s")[2]).isdigit())
+        return [s for s in seeds if (self.out / "repair" / f"{row}_s{s}" / ".state" / f"iter1.{step}.done").exists()]
+
+    def seed_free_source(self, row: str, seed: int) -> int | None:
+        """For a ``Variant.seed_free`` row: the lowest other seed whose run finished the seed-free steps, which
+        ``seed``'s run copies instead of writing the same generation again; None when there is none (or the row
+        is not seed-free)."""
+        upto = VARIANTS[row].seed_free
+        others = [s for s in self.seeds_done(row, SHARED_UPTO[upto]) if s != seed] if upto else []
+        return others[0] if others else None
+
     def lever3_tuples(self, seed: int) -> Path:
         """repair_conf_only's kept tuples (Stage III on Q_conf's own claims). Stages I-III run on the off-the-shelf
         model and take no seed, so every seed's run writes the same file: this seed's run when it got that far, else
@@ -426,15 +449,10 @@ class Study:
         def tuples_of(s: int) -> Path:
             return (self.out / "repair" / f"repair_conf_only_s{s}" / "iter1" / "differentiation"
                     / "final_train_data.bottom_30pct.jsonl")
-        done = self.out / "repair" / f"repair_conf_only_s{seed}" / ".state" / "iter1.09_consistency.done"
-        if done.exists():
-            return tuples_of(seed)
-        seeds = sorted(int(tail) for f in (self.out / "repair").glob("repair_conf_only_s*")
-                       if (tail := f.name.rpartition("_s")[2]).isdigit())  # numerically: s2 before s10
-        for other in seeds:
-            if (self.out / "repair" / f"repair_conf_only_s{other}" / ".state" / "iter1.09_consistency.done").exists():
-                return tuples_of(other)
-        raise SystemExit(f"bm25_conf: run the repair_conf_only row through step 09 first ({tuples_of(seed)})")
+        done = self.seeds_done("repair_conf_only", SHARED_UPTO["09"])
+        if not done:
+            raise SystemExit(f"bm25_conf: run the repair_conf_only row through step 09 first ({tuples_of(seed)})")
+        return tuples_of(seed if seed in done else done[0])
 
     def continued(self, start_row: str, seed: int, data_flags: Callable[[], list[str]]) -> dict:
         """Plain fine-tuning continued from <start_row>_s<seed> for --steps more on ``flags``' data: the equal-steps
@@ -523,7 +541,8 @@ class Study:
         and never changed, so a hard link shares a shard safely; the driver only adds shards of its own."""
         link_cache(self.out / "cache", run_dir / "cache" / "embeddings")
 
-    def reuse_repair_stages(self, seed: int, run_dir: Path, upto: str, source_row: str = "repair") -> bool:
+    def reuse_repair_stages(self, seed: int, run_dir: Path, upto: str, source_row: str = "repair",
+                            source_seed: int | None = None) -> bool:
         """Start a variant run from the REPAIR run's finished iteration-1 steps up to ``upto`` ("04".."09" or "eval").
 
         A variant that changes only what follows a step runs the same commands with the same seed on the same model
@@ -532,9 +551,10 @@ class Study:
         fresh run would write, and the row pays only for what differs. Which files a step wrote is the driver's own
         record (``$STATE/<step>.outputs``, :mod:`repair.driver.steps`), so a step is copied exactly, wherever it
         writes (06b writes into differentiation/, 05's queries and 06's verification share expansion/). Later
-        iterations are always run.
+        iterations are always run. ``source_seed`` (default ``seed``): another seed's run, for steps that take no
+        training seed (``Variant.seed_free``).
         """
-        src = self.out / "repair" / f"{source_row}_s{seed}"
+        src = self.out / "repair" / f"{source_row}_s{seed if source_seed is None else source_seed}"
         last = SHARED_UPTO[upto]
         marker = run_dir / "REUSED_FROM"  # so a resumed row still reports where its stages came from
         if (run_dir / "iter1").exists() or not (src / ".state" / f"iter1.{last}.done").exists():
@@ -587,11 +607,17 @@ class Study:
                 raise SystemExit(f"{row}: run the {variant.start} row for seed {seed} first ({start})")
             extra["MODEL"] = str(start)
             self.reuse_eval(f"{variant.start}_s{seed}", run_dir, extra.get("WARM_START") == "1")
-        reused = self.reuse_repair_stages(seed, run_dir, upto, source_row or "repair") if upto else False
+        source_seed = self.seed_free_source(row, seed)
+        if source_seed is not None:  # one generation for every seed: this row's steps up to seed_free, copied
+            reused = self.reuse_repair_stages(seed, run_dir, variant.seed_free, row, source_seed=source_seed)
+        else:
+            reused = self.reuse_repair_stages(seed, run_dir, upto, source_row or "repair") if upto else False
         result = self._driver(name, seed, extra)
         if variant.start != "offshelf":
             result["steps"] += self.args.steps  # the plain fine-tuning it starts from
-        return {**result, "reused_repair_stages": reused}
+        marker = run_dir / "REUSED_FROM"  # which run's steps were copied (another seed's, for seed_free rows)
+        source = {"reused_from": marker.read_text().strip()} if reused and marker.exists() else {}
+        return {**result, "reused_repair_stages": reused, **source}
 
     def causalneg(self, seed: int) -> dict:
         name = f"causalneg_s{seed}"

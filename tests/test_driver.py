@@ -623,7 +623,7 @@ def test_driver_doc2query_writes_queries_from_the_confusing_documents(tiny_model
     with FakeServer(openai_route(doc2query_reply, model="fake-generator")) as llm:
         env = driver_env(tmp_path, tiny_model_dir, data, llm.url, "run_d2q")
         env.update({"ITERS": "1", "EVAL_DATA": "", "QUERY_FORM": "doc2query", "QUERY_STYLE": "mixed",
-                    "D2Q_DOCS": "2"})
+                    "D2Q_DOCS": "2", "GEN_SEED": "3"})
         proc = run_driver(env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run, logs = tmp_path / "run_d2q", tmp_path / "run_d2q" / "logs"
@@ -631,6 +631,8 @@ def test_driver_doc2query_writes_queries_from_the_confusing_documents(tiny_model
     cmd = (logs / "iter1.06c_doc2query.cmd").read_text()
     confused_path = run / "iter1" / "differentiation" / "confused_tuples.bottom_30pct.jsonl"
     assert f"--input_jsonl {confused_path}" in cmd and "--doc2query 2 " in cmd and "--style mixed" in cmd
+    # GEN_SEED seeds the writing, SEED (7) the training
+    assert "--seed 3 " in cmd and "--seed 7 " in (logs / "iter1.10_train.cmd").read_text()
     confused = [json.loads(x) for x in confused_path.open()]
     written = run / "iter1" / "expansion" / "expansion.doc2query.bottom_30pct.jsonl"
     tuples = [json.loads(x) for x in written.open()]

@@ -206,6 +206,41 @@ def test_a_lever_row_reusing_stages_copies_exactly_the_files_each_shared_step_re
     assert not (tmp_path / "repair" / "row_s2").exists()
 
 
+def test_a_seed_free_row_copies_one_seeds_generation_and_stage_iii_but_never_its_training(tmp_path):
+    """repair_conf_d2q fixes GEN_SEED, so nothing before training takes the seed: seed 2's run copies another seed's
+    steps up to 09 (the doc2query generation included) with their markers, not its training or evaluation, and
+    says where they came from; seeds are found in numerical order, and a seed is never its own source."""
+    study = load_study()
+    s = study.Study.__new__(study.Study)
+    s.out = tmp_path
+    assert s.seed_free_source("repair_conf_d2q", 2) is None  # no run yet: seed 2 writes its own
+    recorded = {"iter0.eval": "iter0/eval/eval.json",
+                "iter1.06b_confused": "iter1/differentiation/confused_tuples.bottom_30pct.jsonl",
+                "iter1.06c_doc2query": "iter1/expansion/expansion.doc2query.bottom_30pct.jsonl",
+                "iter1.09_consistency": "iter1/differentiation/final_train_data.bottom_30pct.jsonl",
+                "iter1.10_train": "iter1/adapter/adapter_model.safetensors", "iter1.eval": "iter1/eval/eval.json"}
+    for seed in (10, 3):  # s3 finished 09, s10 too; s5 only started
+        src = tmp_path / "repair" / f"repair_conf_d2q_s{seed}"
+        (src / ".state").mkdir(parents=True)
+        for step, f in recorded.items():
+            (src / f).parent.mkdir(parents=True, exist_ok=True)
+            (src / f).write_text(f"{step} of seed {seed}")
+            (src / ".state" / f"{step}.outputs").write_text(f + "\n")
+            (src / ".state" / f"{step}.done").write_text("0\n")
+    (tmp_path / "repair" / "repair_conf_d2q_s5" / ".state").mkdir(parents=True)
+    assert s.seeds_done("repair_conf_d2q", "09_consistency") == [3, 10]
+    assert (s.seed_free_source("repair_conf_d2q", 2), s.seed_free_source("repair_conf_d2q", 3)) == (3, 10)
+    assert s.seed_free_source("repair_conf_only", 2) is None  # not a seed-free row: its seeds each run their own
+    run_dir = tmp_path / "repair" / "repair_conf_d2q_s2"
+    assert s.reuse_repair_stages(2, run_dir, "09", "repair_conf_d2q", source_seed=3)
+    for step, f in recorded.items():
+        copied = step not in ("iter1.10_train", "iter1.eval")
+        assert (run_dir / f).exists() is copied, step
+        assert (run_dir / ".state" / f"{step}.done").exists() is copied, step
+    assert (run_dir / recorded["iter1.06c_doc2query"]).read_text() == "iter1.06c_doc2query of seed 3"
+    assert "repair_conf_d2q_s3: iteration 0 eval and iteration 1 steps up to 09" in (run_dir / "REUSED_FROM").read_text()
+
+
 def test_lever_4_rows_and_their_controls_refuse_to_start_without_the_baseline_model_they_continue(tmp_path):
     """A row that starts from a baseline's model (repair_conf_bm25_from_bm25, bm25_cont, inbatch_cont) names the row
     to run first and the folder it looked in, before any work (no run folder, no mined data)."""
@@ -280,6 +315,8 @@ def test_every_lever_row_is_a_valid_driver_configuration_sharing_from_a_known_ro
         assert source == "" or source in study.VARIANTS, row
         assert variant.start == "offshelf" or variant.start in study.BASELINE_ROWS, row
         assert variant.budget in ("steps", "claims", "driver"), row
+        # a row whose seeds share the steps before training must fix the generation's seed (else they would differ)
+        assert variant.seed_free is None or (variant.seed_free in study.SHARED_UPTO and "GEN_SEED" in settings), row
     with pytest.raises(SystemExit, match="repair_qwen_gen: needs --served_generator URL"):
         study.variant_settings("repair_qwen_gen", None)
     assert study.VARIANTS["repair_qwen15_gen"].settings == {**study.VARIANTS["repair_qwen05_gen"].settings,

@@ -93,6 +93,11 @@ def test_paths_splits_and_computed_defaults(tmp_path):
     assert (v["LOCAL_CORPUS"], v["GEN_MODEL"], v["NUM_HARD_NEG"], v["QEM_LAMBDA"]) == (str(TINY), "minilm", "-1", "0.1")
     v = resolve({"TRAIN_DATA": str(TINY)}, ROOT).values
     assert (v["NUM_HARD_NEG"], v["QEM_LAMBDA"], v["MAX_LENGTH"], v["OUT_DIR"]) == ("1", "0", "512", "runs/repair")
+    # GEN_SEED: the generation's seed follows SEED unless given (then runs of several SEEDs share one generation)
+    assert v["GEN_SEED"] == "42"
+    assert resolve({"TRAIN_DATA": str(TINY), "SEED": "3"}, ROOT).values["GEN_SEED"] == "3"
+    assert resolve({"TRAIN_DATA": str(TINY), "SEED": "3", "GEN_SEED": "1"}, ROOT).values["GEN_SEED"] == "1"
+    assert problems_for({"TRAIN_DATA": str(TINY), "GEN_SEED": "one"}) == ["GEN_SEED must be an integer, got 'one'"]
 
 
 def test_profiles_sit_between_defaults_and_the_environment(tmp_path):

@@ -145,6 +145,7 @@ def resolve(environ: Mapping[str, str], root: Path) -> Resolved:
             values[s.name], origin[s.name] = s.default, "default"
     computed = {
         "GEN_MODEL": values["MODEL"],
+        "GEN_SEED": values["SEED"],
         "JUDGE_MODEL": DEFAULT_JUDGE_MODEL,
         # causalneg trains on every negative of a line with QEM; plain REPAIR on the trainer's own defaults
         "NUM_HARD_NEG": "-1" if values["NEGATIVES"] == "causalneg" else str(TrainConfig.num_hard_negatives),
