@@ -30,7 +30,8 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
   st_reference          sentence-transformers' own trainer (MultipleNegativesRankingLoss), the calibration peer
   repair_conf_d2q       issue 30: repair_conf_only + Stage II as doc2query (QUERY_FORM=doc2query, Qwen2.5-Coder-1.5B
                         on CTranslate2): a claim written from each document that outranks a confused claim's positive;
-                        _mixed asks for a claim, a question and a keyword query in turn; both fix GEN_SEED=1, so
+                        _mixed asks for a claim, a question and a keyword query in turn, _contrast for a claim that
+                        fits the document and not the positive it outranked (06c --contrast); all fix GEN_SEED=1, so
                         a later seed copies the lowest finished seed's stages up to 09 (one generation, paid once)
   repair_conf_one       issue 30: the decoder form of repair_conf_bm25_one (in-batch warm start, then lever 3 in the
                         same schedule); its control is inbatch2x
@@ -228,6 +229,12 @@ VARIANTS: dict[str, Variant] = {
     "repair_conf_d2q_mixed": Variant({"CONFUSED_TUPLES": "1", "QUERY_FORM": "doc2query", "QUERY_STYLE": "mixed",
                                       "GEN_MODEL": "qwen2.5-coder-1.5b", "GEN_BACKEND": "ct2", "QUERY_EXTRA": D2Q_PROMPT,
                                       "GEN_SEED": "1"}, "04:repair_conf_d2q", seed_free="09"),
+    # doc2query told to write what tells the document apart from the positive it outranked (06c --contrast), since
+    # repair_conf_d2q's claims restated titles the retriever already ranked first (90 of 96)
+    "repair_conf_d2q_contrast": Variant({"CONFUSED_TUPLES": "1", "QUERY_FORM": "doc2query",
+                                         "GEN_MODEL": "qwen2.5-coder-1.5b", "GEN_BACKEND": "ct2",
+                                         "QUERY_EXTRA": f"{D2Q_PROMPT} --contrast", "GEN_SEED": "1"},
+                                        "04:repair_conf_d2q", seed_free="09"),
     # Eq. 6 with kappa = TOP_K: keep the diagnosed claims whose gold positive ranks low in its own pool (the most
     # confused ones, which kappa 5 drops although their positive is gold, not generated)
     "repair_conf_only_k15": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),

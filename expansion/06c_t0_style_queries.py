@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="generations per tuple at most (a rejected answer is asked again) (default: %(default)s)")
     p.add_argument("--chunk_size", type=int, default=8,
                    help="tuples per generation call; keep it fixed for a file (default: %(default)s)")
+    p.add_argument("--contrast", action="store_true",
+                   help="show each tuple's first negative candidate (with --doc2query: the positive of the confused "
+                        "query the document outranked) as a related passage the query must not fit, and reject a "
+                        "query sharing as many content words with it as with its own passage (not_distinct)")
     p.add_argument("--max_candidates", type=int, default=20,
                    help="with --doc2query: negative candidates kept per document (default: %(default)s)")
     p.add_argument("--max_example_chars", type=int, default=0,
@@ -118,7 +122,7 @@ def main(argv=None) -> dict:
                              min_words=args.min_words, max_words=args.max_words or None,
                              min_shared_words=args.min_shared_words,
                              sampling=sampling_from_args(args), resume=args.resume, progress=not args.no_progress,
-                             query_form="doc2query" if args.doc2query else "t0")
+                             query_form="doc2query" if args.doc2query else "t0", contrast=args.contrast)
     summary = {"input_jsonl": args.input_jsonl, "out_jsonl": args.out_jsonl, "t0": seed_set.source,
                "generator": generator.describe(), **stats.as_dict()}
     if args.doc2query:

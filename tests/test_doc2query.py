@@ -166,3 +166,52 @@ def test_examples_can_be_cut_shorter_than_the_passage_written_from():
     short = build_t0_style_prompt([("Claim one.", example)], passage, "claim", 1000, max_example_chars=30)
     assert build_t0_style_prompt([("Claim one.", example)], passage, "claim", 1000).count("x" * 900) == 1
     assert "xxxxx" not in short and "Passage: " + "e" * 30 in short and short.endswith(f"Passage: {passage}\nQuery:")  # the passage itself stays whole
+
+
+def test_06c_contrast_shows_the_confused_passage_and_rejects_a_query_that_fits_it_as_well(tmp_path, monkeypatch):
+    """--contrast: each document's prompt shows the positive it outranked (its first candidate) as a passage the
+    query must not fit; a query sharing more content words with that passage than with its own is rejected
+    (not_distinct) and asked again; the file records the option, and resuming it without the option is refused."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    t0 = tmp_path / "t0.jsonl"
+    t0.write_text("".join(json.dumps({"query": q, "positive": p}) + "\n" for q, p in
+                          [("Ibrutinib works in MCL.", C), ("Ki-67 grading varies.", D)]))
+    prompts: list[str] = []
+
+    def reply(messages, seed):
+        prompt = messages[-1]["content"]
+        prompts.append(prompt)
+        if prompt.rsplit("Passage: ", 1)[1].startswith("BCL1"):  # A, whose confused passage is P1 (cyclin D1)
+            asked_before = sum(p.rsplit("Passage: ", 1)[1].startswith("BCL1") for p in prompts) > 1
+            return ("Elderly patients with BCL1 rearrangement survive poorly." if asked_before
+                    else "Cyclin overexpressed mantle lymphoma translocation")  # P1's words: fits P1 better
+        return "MCL1 inhibition sensitises myeloid cells."  # E against P3 (venetoclax): distinct at once
+
+    out = tmp_path / "expansion.contrast.jsonl"
+    with FakeServer(openai_route(reply, model="gen-model")) as llm:
+        base = ["--input_jsonl", str(confused_file(tmp_path)), "--doc2query", "1", "--train_data", str(t0),
+                "--backend", "openai", "--openai_url", llm.url + "/v1", "--seed", "3", "--k", "1",
+                "--no_progress", "--out_jsonl", str(out)]
+        summary = _run_06c([*base, "--contrast"])
+        with pytest.raises(ValueError, match="written with contrast=True, not None"):
+            _run_06c([*base, "--resume"])
+    assert (summary["rewritten"], summary["dropped"], summary["rejected"]) == (2, 0, {"not_distinct": 1})
+    recs = read_jsonl(out)
+    assert [(r["d_pos"], r["q_new"]) for r in recs] == [
+        (A, "Elderly patients with BCL1 rearrangement survive poorly."), (E, "MCL1 inhibition sensitises myeloid cells.")]
+    assert recs[0]["t0_rewrite"]["rejected"] == ["not_distinct"] and recs[0]["t0_rewrite"]["contrast"] is True
+    first_a = next(p for p in prompts if p.rsplit("Passage: ", 1)[1].startswith("BCL1"))
+    assert first_a.endswith(f"Related passage (not this one): {P1}\n\nPassage: {A}\nQuery:")
+    assert "must fit the last passage and not the related passage shown just before it" in first_a
+
+
+def test_the_contrast_option_leaves_the_default_prompt_as_it_was():
+    """Without a contrast passage the prompt is the one every measured run used (the same text, word for word)."""
+    from repair.expansion.t0_style import build_t0_style_prompt
+
+    prompt = build_t0_style_prompt([("Claim one.", "Example passage.")], "The passage.", "claim", 1000)
+    assert prompt == (
+        "Below are queries from a retrieval training set, each after the passage it retrieves. Write one new query for "
+        "the last passage in the same style: a claim (one declarative sentence) that the passage supports. Match the "
+        "examples' form and length, and do not copy a sentence of the passage. Write only the query, on one line.\n\n"
+        "Passage: Example passage.\nQuery: Claim one.\n\nPassage: The passage.\nQuery:")

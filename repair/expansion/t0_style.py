@@ -71,21 +71,30 @@ def style_of(style: str, position: int) -> str:
 
 def build_t0_style_prompt(examples: Sequence[tuple[str, str]], passage: str, style: str,
                           max_passage_chars: int = 1000, match_form: bool = True,
-                          max_example_chars: int | None = None) -> str:
+                          max_example_chars: int | None = None, contrast: str | None = None) -> str:
     """The T0-style rewrite prompt: ``examples`` (query, passage) pairs of T0, then ``passage`` (the verified
     abstract) and an open ``Query:``; passages are clipped to ``max_passage_chars`` (small-context generators), the
     examples' to ``max_example_chars`` when given (the prompt's length is what a CPU generator pays for).
-    ``match_form`` False (mixed styles) asks for ``style`` although the examples have T0's own form."""
+    ``match_form`` False (mixed styles) asks for ``style`` although the examples have T0's own form.
+    ``contrast`` (clipped like the examples) is shown just before the passage as a related passage the query must
+    not fit: the one the retriever confuses with it, so the query has to name what tells the two apart."""
     if style not in T0_STYLES:
         raise ValueError(f"unknown query style {style!r}; expected one of {sorted(T0_STYLES)}")
     ask = (f"in the same style: {T0_STYLES[style]}. Match the examples' form and length, and do not copy"
            if match_form else f"as {T0_STYLES[style]} (the examples show the topic and level of detail, not the "
            "form). Do not copy")
+    apart = (" The query must fit the last passage and not the related passage shown just before it, which a search "
+             "engine confuses with it: build it on what the last passage says and the related one does not."
+             if contrast else "")
     lines = ["Below are queries from a retrieval training set, each after the passage it retrieves. Write one new "
-             f"query for the last passage {ask} a sentence of the passage. Write only the query, on one line.", ""]
+             f"query for the last passage {ask} a sentence of the passage.{apart} Write only the query, on one "
+             "line.", ""]
     for query, example in examples:
         lines += [f"Passage: {clip_text(example, max_example_chars or max_passage_chars)}",
                   f"Query: {' '.join(query.split())}", ""]
+    if contrast:
+        lines += [f"Related passage (not this one): {clip_text(contrast, max_example_chars or max_passage_chars)}",
+                  ""]
     lines += [f"Passage: {clip_text(passage, max_passage_chars)}", "Query:"]
     return "\n".join(lines)
 
@@ -93,6 +102,16 @@ def build_t0_style_prompt(examples: Sequence[tuple[str, str]], passage: str, sty
 # ---------------------------------------------------------------------------------------------- rewrite
 T0_ON_FAILURE = ("keep_title", "drop")
 T0_REWRITE_STATUSES = ("rewritten", "kept_title", "dropped")
+
+
+def contrast_passage(row: dict) -> str | None:
+    """The passage a ``contrast`` query must not fit: the tuple's first negative candidate (for a doc2query tuple,
+    the positive of the first confused query its document outranked); None when it has none."""
+    for cand in row.get("negative_candidates") or []:
+        text = cand.get("abstract") if isinstance(cand, dict) else None
+        if isinstance(text, str) and text.strip():
+            return text
+    return None
 
 
 def draw_t0_examples(seed_set: SeedSet, key: str, k: int, seed: int, exclude: str = "") -> list[int]:
@@ -161,7 +180,7 @@ def _t0_done(out_jsonl: Path, status_path: Path, settings: dict) -> set[str]:
     done: set[str] = set()
     for path in (out_jsonl, status_path):
         for lineno, rec in iter_appended_jsonl(path, required={"id": str, "t0_rewrite": dict}, with_lineno=True):
-            for name, value in settings.items():
+            for name, value in {"contrast": None, **settings}.items():  # (a file without contrast has no key)
                 if rec["t0_rewrite"].get(name) != value:
                     raise ValueError(f"{path}:{lineno}: this file was written with {name}="
                                      f"{rec['t0_rewrite'].get(name)!r}, not {value!r}; resume with the same settings "
@@ -176,7 +195,8 @@ def rewrite_t0_style(expansion_jsonl: str | Path, seed_set: SeedSet, generator: 
                      on_failure: str = "keep_title", max_passage_chars: int = 1000,
                      max_example_chars: int | None = None, min_words: int = 3,
                      max_words: int | None = None, min_shared_words: int = 2, sampling: dict | None = None,
-                     resume: bool = False, progress: bool = True, query_form: str = "t0") -> T0StyleStats:
+                     resume: bool = False, progress: bool = True, query_form: str = "t0",
+                     contrast: bool = False) -> T0StyleStats:
     """QUERY_FORM=t0 (issue 16): rewrite each verified tuple's q_new as a query in T0's own style.
 
     The generator sees ``k`` (query, passage) examples of T0 (:func:`draw_t0_examples`) and the tuple's d+, and
@@ -194,6 +214,10 @@ def rewrite_t0_style(expansion_jsonl: str | Path, seed_set: SeedSet, generator: 
     ``style`` "mixed" asks for the :data:`MIXED_STYLES` in turn by input position (Tamber et al. 2025: mixed query
     types help where one synthetic type hurts). ``query_form`` is what the written lines are marked as: "t0" for
     06's tuples, "doc2query" for :mod:`repair.expansion.doc2query`'s (which have no title to keep: use "drop").
+    ``contrast`` shows each tuple's first negative candidate (for doc2query: the positive of the confused query the
+    document outranked) as a passage the query must not fit, and rejects a query sharing at least as many content
+    words with it as with d+ (``not_distinct``): Stage II's doc2query claims restated d+'s title, which the retriever
+    already ranks first (docs/results.md, issue 30), so they taught it nothing about the pair it confuses.
     """
     from tqdm import tqdm
 
@@ -216,6 +240,8 @@ def rewrite_t0_style(expansion_jsonl: str | Path, seed_set: SeedSet, generator: 
     max_words = max_words or t0_max_words(seed_set.queries)
     sampling = {**DEFAULT_SAMPLING, **(sampling or {})}
     settings = {"prompt_id": T0_STYLE_PROMPT_ID, "seed": seed, "k": k, "style": style, "chunk_size": chunk_size}
+    if contrast:  # recorded only when on, so files written before the option resume as they were
+        settings["contrast"] = True
     done = _t0_done(out_jsonl, status_path, settings)
     info = generator.describe() if hasattr(generator, "describe") else {"backend": "custom"}
     describe = {key: info[key] for key in ("backend", "model", "adapter") if info.get(key) is not None}
@@ -231,9 +257,11 @@ def rewrite_t0_style(expansion_jsonl: str | Path, seed_set: SeedSet, generator: 
                 stats.skipped_done += len(chunk)
                 continue
             examples = [draw_t0_examples(seed_set, row["id"], k, seed, row["d_pos"]) for row in chunk]
+            contrasts = [contrast_passage(row) if contrast else None for row in chunk]
             prompts = [build_t0_style_prompt([(seed_set.queries[i], seed_set.passages[i]) for i in picks],
                                              row["d_pos"], style_of(style, start + j), max_passage_chars,
-                                             match_form=style != MIXED, max_example_chars=max_example_chars)
+                                             match_form=style != MIXED, max_example_chars=max_example_chars,
+                                             contrast=contrasts[j])
                        for j, (row, picks) in enumerate(zip(chunk, examples))]
             queries: list[str | None] = [None] * len(chunk)
             used: list[int] = [0] * len(chunk)
@@ -249,8 +277,11 @@ def rewrite_t0_style(expansion_jsonl: str | Path, seed_set: SeedSet, generator: 
                 for i, raw in zip(pending, raws):
                     used[i] = attempt + 1
                     query, reason = clean_query(raw, prompts[i], min_words=min_words, max_words=max_words)
-                    if query is not None and shared_content_words(query, chunk[i]["d_pos"]) < min_shared_words:
+                    own = shared_content_words(query, chunk[i]["d_pos"]) if query is not None else 0
+                    if query is not None and own < min_shared_words:
                         query, reason = None, "off_passage"
+                    elif query is not None and contrasts[i] and shared_content_words(query, contrasts[i]) >= own:
+                        query, reason = None, "not_distinct"  # fits the confused passage as well as its own
                     if query is None:
                         reasons[i].append(reason)
                         stats.rejected[reason] += 1
