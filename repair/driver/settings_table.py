@@ -60,7 +60,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("DEVICE", "Run", "", "cpu | cuda | cuda:N | mps", "special", result=False, shown_default="auto"),
     _s("NPROC", "Run", "1", "processes for torchrun (training) and for 07's encoding; >1 is opt-in multi-GPU",
        "int", 1, result=False),
-    _s("SEED", "Run", "42", "seed of training (init, dropout, data order) and, unless GEN_SEED is given, of generation", "int", 0),
+    _s("SEED", "Run", "42", "seed of training (init, dropout, data order) and, unless GEN_SEED is given, of "
+       "generation", "int", 0),
     _s("GEN_SEED", "Run", "", "seed of what the LLM steps write (05, 06c, 09b: examples drawn, sampling); fixed, runs "
        "of several training SEEDs share one generation (nothing else before training takes a seed)", "int", 0,
        shown_default="SEED"),
