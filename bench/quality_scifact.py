@@ -798,6 +798,14 @@ def per_query_test(eval_dir: Path, candidate: str, baseline: str, seeds: list[in
             f"p {paired_randomization_p(diffs):.3f}")
 
 
+def paired_differences(candidate: dict[int, dict], baseline: dict[int, dict], key: str) -> dict[int, float]:
+    """Candidate minus baseline on ``key``, per seed both rows have it for (in seed order). Paired, because the two
+    rows of one seed share their data order and initialisation, so the difference shows whether a gain holds seed by
+    seed or rests on one."""
+    return {seed: c - b for seed in sorted(set(candidate) & set(baseline))
+            if (c := _metric(candidate[seed], key)) is not None and (b := _metric(baseline[seed], key)) is not None}
+
+
 def paired_comparison(rows: dict[str, dict[int, dict]], candidate: str, baselines: list[str],
                       margin: float = WIN_MARGIN, eval_dir: Path | None = None) -> str:
     """``candidate`` against each baseline row, from the row files: the difference of the means on dev and test, the
@@ -823,9 +831,7 @@ def paired_comparison(rows: dict[str, dict[int, dict]], candidate: str, baseline
     for name in baselines:
         base = rows[name]
         equal = _steps_of(base) == cand_steps
-        paired = [f"s{seed} {c - b:+.4f}" for seed in sorted(set(cand) & set(base))
-                  if (c := _metric(cand[seed], "test_ndcg10")) is not None
-                  and (b := _metric(base[seed], "test_ndcg10")) is not None]
+        paired = [f"s{seed} {d:+.4f}" for seed, d in paired_differences(cand, base, "test_ndcg10").items()]
         c_test, b_test = mean(cand, "test_ndcg10"), mean(base, "test_ndcg10")
         verdict = ("–" if c_test is None or b_test is None
                    else ("yes" if c_test - b_test >= margin else "no") + ("" if equal else " (other steps)"))
@@ -907,6 +913,76 @@ def plot_dev(rows: dict[str, dict[int, dict]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def paired_panels(pairs: list[tuple[str, str, str]]) -> list[dict]:
+    """For each (recorded export JSON, candidate row, baseline row): the per-seed paired differences of nDCG@10 and of
+    BIOSSES, read from the export. nDCG@10 is compared on test where both rows have test numbers on a common seed (the
+    final rows), else on dev (a row dev rejected, never run on test); the split is named, since the two differ in
+    what they can claim. Rows of other steps are refused: rows compare only at equal optimizer steps."""
+    panels = []
+    for json_path, candidate, baseline in pairs:
+        rows = recorded_rows(Path(json_path))
+        missing = [name for name in (candidate, baseline) if name not in rows]
+        if missing:
+            raise SystemExit(f"--pair {json_path}: no row named {', '.join(missing)} (rows: {', '.join(sorted(rows))})")
+        cand, base = rows[candidate], rows[baseline]
+        if _steps_of(cand) != _steps_of(base):
+            raise SystemExit(f"--pair {json_path}: {candidate} ({sorted(_steps_of(cand))} steps) and {baseline} "
+                             f"({sorted(_steps_of(base))} steps) are not at equal steps")
+        test = paired_differences(cand, base, "test_ndcg10")
+        split, ndcg = ("test", test) if test else ("dev", paired_differences(cand, base, "dev_ndcg10"))
+        if not ndcg:
+            raise SystemExit(f"--pair {json_path}: {candidate} and {baseline} share no seed with nDCG@10")
+        panels.append({"source": Path(json_path).name, "candidate": candidate, "baseline": baseline, "split": split,
+                       "steps": "/".join(map(str, sorted(_steps_of(cand)))), "ndcg10": ndcg,
+                       "biosses": paired_differences(cand, base, "biosses")})
+    return panels
+
+
+def paired_table(panels: list[dict]) -> str:
+    """The paired differences as a markdown table: each seed's difference and the mean, nDCG@10 and BIOSSES."""
+    def cells(diffs: dict[int, float]) -> list[str]:
+        return [", ".join(f"s{seed} {d:+.4f}" for seed, d in diffs.items()) or "–",
+                f"{statistics.mean(diffs.values()):+.4f}" if diffs else "–"]
+
+    return markdown_table(
+        ["candidate − baseline", "results", "steps", "split", "nDCG@10 per seed", "nDCG@10 mean", "BIOSSES per seed",
+         "BIOSSES mean"],
+        [[f"{pn['candidate']} − {pn['baseline']}", pn["source"], pn["steps"], pn["split"], *cells(pn["ndcg10"]),
+          *cells(pn["biosses"])] for pn in panels])
+
+
+def plot_paired(panels: list[dict], path: Path, margin: float = WIN_MARGIN) -> None:
+    """One line per comparison: each seed's paired difference a dot, the mean a bar, nDCG@10 and BIOSSES side by side,
+    zero and the issue's +0.01 bar marked, so a gain that rests on one seed is visible at a glance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.7 * len(panels) + 1.6), sharey=True)
+    for ax, key, label in ((axes[0], "ndcg10", "nDCG@10 (split per line)"), (axes[1], "biosses", "BIOSSES Spearman")):
+        for y, pn in enumerate(panels):
+            diffs = list(pn[key].values())
+            if not diffs:
+                continue
+            mean = statistics.mean(diffs)
+            ax.barh(y, mean, color="tab:blue" if mean > 0 else "tab:red", alpha=0.4)
+            ax.plot(diffs, [y] * len(diffs), "o", color="k", ms=4)
+        ax.axvline(0, color="0.3", lw=0.8)
+        if key == "ndcg10":
+            ax.axvline(margin, color="0.5", lw=0.8, ls="--")
+        ax.set_xlabel(f"candidate − baseline, {label}\n(dot = seed, bar = mean)", fontsize=9)
+        ax.tick_params(axis="x", labelsize=8)
+    axes[0].set_yticks(range(len(panels)), [f"{pn['candidate']} − {pn['baseline']}\n({pn['source']}, {pn['steps']} "
+                                            f"steps, {pn['split']}, {len(pn['ndcg10'])} seeds)" for pn in panels],
+                       fontsize=8)
+    axes[0].invert_yaxis()
+    fig.suptitle(f"Paired per-seed differences at equal steps (dashed: the +{margin} bar)", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
 def row_command(row: str, seed: int) -> str:
     """The one command line that reproduces this row and seed (this invocation with --rows/--seeds narrowed)."""
     argv, skip = [], False
@@ -980,8 +1056,18 @@ def main() -> None:
                    help="with --export/--summarize: also every (row, seed) an earlier export recorded that --out lacks "
                         "(a run folder lost with its machine); a (row, seed) in both keeps the recorded result and "
                         "prints the rerun beside it; a row trained for other --steps than the recorded one is kept as <row>@<steps>")
+    p.add_argument("--pair", nargs=3, action="append", default=None, metavar=("JSON", "CANDIDATE", "BASELINE"),
+                   help="(repeatable) print the per-seed paired differences of CANDIDATE minus BASELINE read from a "
+                        "recorded export JSON (test where both rows have it, else dev), then exit")
+    p.add_argument("--paired_plot", default=None, metavar="PNG", help="with --pair: plot the paired differences")
     args = p.parse_args()
     out = Path(args.out)
+    if args.pair:
+        panels = paired_panels(args.pair)
+        print(paired_table(panels))
+        if args.paired_plot:
+            plot_paired(panels, Path(args.paired_plot))
+        return
     if args.compare:
         if len(args.compare) < 2:
             raise SystemExit("--compare: give the candidate row and at least one baseline row")

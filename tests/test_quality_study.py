@@ -3,6 +3,7 @@
 rerun silently replace a recorded (row, seed)."""
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -307,7 +308,10 @@ def test_every_lever_row_is_a_valid_driver_configuration_sharing_from_a_known_ro
         settings = study.variant_settings(row, "http://127.0.0.1:8080/v1")  # what Study.variant passes the driver
         assert set(settings) <= known, (row, set(settings) - known)
         env = {"TRAIN_DATA": tiny, **settings}
-        assert validate(resolve(env, ROOT), env) == [], row
+        problems = validate(resolve(env, ROOT), env)
+        # an offline generator alias whose packages this machine lacks (install.sh GENERATORS=1) is the machine's
+        # state, not a fault of the row; any other problem (a typo, a bad value) is
+        assert [p for p in problems if not re.fullmatch(r"GEN_MODEL: alias '[\w.-]+' needs .* not installed.*", p)] == [], row
         if "GEN_MODEL" in settings:  # an offline alias (GENERATORS=1), not a hub id this machine cannot download
             assert settings["GEN_MODEL"] in ALIASES, row
         upto, _, source = (variant.shared or "").partition(":")
@@ -321,3 +325,35 @@ def test_every_lever_row_is_a_valid_driver_configuration_sharing_from_a_known_ro
         study.variant_settings("repair_qwen_gen", None)
     assert study.VARIANTS["repair_qwen15_gen"].settings == {**study.VARIANTS["repair_qwen05_gen"].settings,
                                                              "GEN_MODEL": "qwen2.5-coder-1.5b"}
+
+
+def test_pair_reads_paired_differences_from_recorded_exports_on_test_else_dev(tmp_path):
+    """--pair: candidate minus baseline per seed, read from an export: on test where both rows have it, on dev for a
+    row dev rejected (no test numbers), BIOSSES beside; rows of other steps refused; the plot is a PNG."""
+    study = load_study()
+    recorded = recorded_export(tmp_path, {
+        "repair_conf_one_s1": dict(steps=64, test_ndcg10=0.7258, biosses=0.7904),
+        "repair_conf_one_s2": dict(steps=64, test_ndcg10=0.7614, biosses=0.8009),
+        "inbatch2x_s1": dict(steps=64, test_ndcg10=0.7328, biosses=0.8006),
+        "inbatch2x_s2": dict(steps=64, test_ndcg10=0.7394, biosses=0.7674),
+        "inbatch2x_s3": dict(steps=64, test_ndcg10=0.74, biosses=0.78),   # a seed the candidate lacks: not paired
+        "d2q_s1": dict(dev_ndcg10=0.7157, biosses=0.8190), "conf_only_s1": dict(dev_ndcg10=0.7211, test_ndcg10=0.68,
+                                                                                  biosses=0.8270),
+        "bm25_s1": dict(steps=84, dev_ndcg10=0.72, biosses=0.81)})
+    one, d2q = study.paired_panels([(str(recorded), "repair_conf_one", "inbatch2x"),
+                                    (str(recorded), "d2q", "conf_only")])
+    assert one["split"] == "test" and one["steps"] == "64" and list(one["ndcg10"]) == [1, 2]
+    assert one["ndcg10"][1] == pytest.approx(-0.0070) and one["ndcg10"][2] == pytest.approx(0.0220)
+    assert one["biosses"][2] == pytest.approx(0.0335)
+    assert d2q["split"] == "dev" and d2q["ndcg10"] == {1: pytest.approx(-0.0054)}
+    table = study.paired_table([one, d2q])
+    assert "| repair_conf_one − inbatch2x | results.json | 64 | test | s1 -0.0070, s2 +0.0220 | +0.0075 |" in table
+    with pytest.raises(SystemExit, match="not at equal steps"):
+        study.paired_panels([(str(recorded), "d2q", "bm25")])
+    with pytest.raises(SystemExit, match="no row named nope"):
+        study.paired_panels([(str(recorded), "nope", "bm25")])
+    png = tmp_path / "paired.png"
+    done = subprocess.run([sys.executable, SCRIPT, "--pair", recorded, "repair_conf_one", "inbatch2x",
+                           "--paired_plot", png], check=True, capture_output=True, text=True)
+    assert "s1 -0.0070, s2 +0.0220 | +0.0075 | s1 -0.0102, s2 +0.0335 | +0.0116 |" in done.stdout
+    assert png.read_bytes()[:4] == b"\x89PNG"
