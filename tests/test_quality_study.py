@@ -354,3 +354,24 @@ def test_pair_reads_paired_differences_from_recorded_exports_on_test_else_dev(tm
                            "--paired_plot", png], check=True, capture_output=True, text=True)
     assert "s1 -0.0070, s2 +0.0220 | +0.0075 | s1 -0.0102, s2 +0.0335 | +0.0116 |" in done.stdout
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_per_claim_comparison_reads_a_driver_rows_own_test_evaluation_from_its_last_iteration(tmp_path):
+    """The subset protocol's driver rows are evaluated on test by the driver (iter<k>/eval/eval.json), not by the bench:
+    the per-claim comparison reads the last iteration's file, and never a driver evaluation on another split."""
+    study = load_study()
+    out = tmp_path / "out"
+
+    def evaluation(path: Path, split: str, per_claim: dict[str, float]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"split": split, "results": [
+            {"dataset": "scifact", "per_query": {"ndcg@10": per_claim}}, {"dataset": "biosses"}]}))
+
+    evaluation(out / "eval" / "inbatch2x_s3.test.json", "test", {"a": 0.5, "b": 0.5, "c": 0.5})
+    evaluation(out / "repair" / "repair_conf_one_s3" / "iter0" / "eval" / "eval.json", "test", {"a": 0, "b": 0, "c": 0})
+    evaluation(out / "repair" / "repair_conf_one_s3" / "iter1" / "eval" / "eval.json", "test",
+               {"a": 1.0, "b": 0.6, "c": 0.5})
+    assert study.per_query_test(out / "eval", "repair_conf_one", "inbatch2x", [3]).startswith(
+        "s3: 2 better / 0 worse of 3, p ")
+    evaluation(out / "repair" / "repair_conf_one_s3" / "iter2" / "eval" / "eval.json", "dev", {"a": 1.0})
+    assert study.per_query_test(out / "eval", "repair_conf_one", "inbatch2x", [3]) == "–"
