@@ -45,6 +45,9 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
        --temperature 0.02 --max_length 128 --steps 32 --iters 2 --max_rounds 1"
     python bench/quality_scifact.py $O --rows offshelf inbatch inbatch2x --seeds 1
     python bench/quality_scifact.py $O --rows repair repair_basegen --seeds 1 --mini_batch_size 32
+    # a REPAIR row minus its control, seed by seed, from the recorded exports (the README's Results plot)
+    python bench/quality_scifact.py --pair docs/results/scifact_minilm.json repair_conf_bm25_one bm25x2 \
+        --pair docs/results/scifact_smollm2_subset.json repair_conf_one inbatch2x --paired_plot paired.png
 """
 
 from __future__ import annotations
