@@ -521,7 +521,7 @@ class Study:
         last = per_iter[-1]
         result = {k: v for k, v in last.items() if k.startswith(self.select_split) or k == "biosses"}
         if self.dev and a.test:  # the final model on the test claims (final rows only)
-            final = run_dir / f"iter{report['iterations'][-1]['iter']}" / "adapter"
+            final = final_iteration(run_dir) / "adapter"
             result.update({k: v for k, v in self.evaluate(name, str(final), "test").items() if k != "biosses"})
         # every training of the run (a warm start's too), each counted from where it started (SCHEDULE=one slices)
         adapters = [run_dir / f"iter{it['iter']}" / "adapter" for it in report["iterations"]
@@ -778,6 +778,13 @@ def _steps_of(by_seed: dict[int, dict]) -> set:
     return {r.get("steps") for r in by_seed.values()} - {None}
 
 
+def final_iteration(run_dir: Path) -> Path:
+    """A driver run's last iteration folder, as its report.json lists them: where a row's result and final model are
+    (a stale iter<k> folder of an earlier, longer run in the same place is not)."""
+    report = json.loads((run_dir / "report.json").read_text())
+    return run_dir / f"iter{report['iterations'][-1]['iter']}"
+
+
 def per_query_test(eval_dir: Path, candidate: str, baseline: str, seeds: list[int]) -> str:
     """Query by query on the test claims, for the seeds both rows have an evaluation file with per-query nDCG@10 for
     (rows evaluated in this folder since 2026-12-02): each claim's difference averaged over those seeds, how many
@@ -787,13 +794,14 @@ def per_query_test(eval_dir: Path, candidate: str, baseline: str, seeds: list[in
     def per_query(key: str) -> dict[str, float] | None:
         path = eval_dir / f"{key}.test.json"
         if not path.exists():
-            # a driver row the driver itself evaluated on test (the subset protocol, whose only split is test): its
-            # last iteration's evaluation is the row's result
-            evals = sorted((eval_dir.parent / "repair" / key).glob("iter*/eval/eval.json"),
-                           key=lambda e: int(e.parts[-3].removeprefix("iter")))
-            if not evals or json.loads(evals[-1].read_text()).get("split") != "test":
+            # a driver row the driver itself evaluated on test (the subset protocol, whose only split is test): the
+            # evaluation of its report's last iteration is the row's result (Study.variant)
+            run_dir = eval_dir.parent / "repair" / key
+            if not (run_dir / "report.json").exists():
                 return None
-            path = evals[-1]
+            path = final_iteration(run_dir) / "eval" / "eval.json"
+            if not path.exists() or json.loads(path.read_text()).get("split") != "test":
+                return None
         results = {r["dataset"]: r for r in json.loads(path.read_text())["results"]}
         return (results.get("scifact", {}).get("per_query") or {}).get("ndcg@10")
 

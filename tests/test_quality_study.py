@@ -358,7 +358,8 @@ def test_pair_reads_paired_differences_from_recorded_exports_on_test_else_dev(tm
 
 def test_per_claim_comparison_reads_a_driver_rows_own_test_evaluation_from_its_last_iteration(tmp_path):
     """The subset protocol's driver rows are evaluated on test by the driver (iter<k>/eval/eval.json), not by the bench:
-    the per-claim comparison reads the last iteration's file, and never a driver evaluation on another split."""
+    the per-claim comparison reads the file of the last iteration report.json lists, and never a driver evaluation on
+    another split."""
     study = load_study()
     out = tmp_path / "out"
 
@@ -367,11 +368,20 @@ def test_per_claim_comparison_reads_a_driver_rows_own_test_evaluation_from_its_l
         path.write_text(json.dumps({"split": split, "results": [
             {"dataset": "scifact", "per_query": {"ndcg@10": per_claim}}, {"dataset": "biosses"}]}))
 
+    run_dir = out / "repair" / "repair_conf_one_s3"
+
+    def report(*iterations: int) -> None:
+        (run_dir / "report.json").write_text(json.dumps({"iterations": [{"iter": i} for i in iterations]}))
+
     evaluation(out / "eval" / "inbatch2x_s3.test.json", "test", {"a": 0.5, "b": 0.5, "c": 0.5})
-    evaluation(out / "repair" / "repair_conf_one_s3" / "iter0" / "eval" / "eval.json", "test", {"a": 0, "b": 0, "c": 0})
-    evaluation(out / "repair" / "repair_conf_one_s3" / "iter1" / "eval" / "eval.json", "test",
+    evaluation(run_dir / "iter0" / "eval" / "eval.json", "test", {"a": 0, "b": 0, "c": 0})
+    evaluation(run_dir / "iter1" / "eval" / "eval.json", "test",
                {"a": 1.0, "b": 0.6, "c": 0.5})
+    # a stale iteration folder the report does not list (an earlier, longer run in the same place) is not the result
+    evaluation(run_dir / "iter2" / "eval" / "eval.json", "test", {"a": 0, "b": 0, "c": 0})
+    report(0, 1)
     assert study.per_query_test(out / "eval", "repair_conf_one", "inbatch2x", [3]).startswith(
         "s3: 2 better / 0 worse of 3, p ")
-    evaluation(out / "repair" / "repair_conf_one_s3" / "iter2" / "eval" / "eval.json", "dev", {"a": 1.0})
+    evaluation(run_dir / "iter2" / "eval" / "eval.json", "dev", {"a": 1.0})
+    report(0, 1, 2)
     assert study.per_query_test(out / "eval", "repair_conf_one", "inbatch2x", [3]) == "–"
