@@ -1,0 +1,93 @@
+#!/usr/bin/env python
+"""How hard a driver run's final training tuples are for the model that picked their negatives (step 07's scores).
+
+Why: a tuple whose positive the model already ranks first in its pool, by a wide margin, carries little InfoNCE
+gradient; at equal optimizer steps it takes a batch slot from a claim the model gets wrong. This is how issue 30 found
+that Stage II's doc2query claims restate their document's title (90 of 96 ranked first, margin +0.233) while T0's
+confused claims do not (34 of 130, margin -0.041).
+
+Reads, for each run folder, its last iteration (report.json) ``differentiation/final_train_data.*.jsonl`` (fields
+``source``, ``pos_rank``, ``pos_score``, ``hard_negative_scores``) and, to split Stage II's tuples by the query type
+the generator was asked for (``QUERY_STYLE=mixed``), ``expansion/*.jsonl``'s ``t0_rewrite.asked_style`` (else its
+``style``) by tuple id. Prints one Markdown row per (run, source[, query type]): tuples, positive ranked first (count
+and share), mean and median margin (positive score minus the hardest negative's).
+
+Example:
+  python bench/tuple_difficulty.py runs/quality/repair/repair_conf_d2q_s1 runs/quality/repair/repair_conf_d2q_mixed_s1
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from repair.cli import run_script
+from repair.data import DataError, iter_jsonl, read_json
+from repair.tables import markdown_table
+
+TUPLE_FIELDS = {"id": str, "source": str, "pos_rank": int, "pos_score": float, "hard_negative_scores": list}
+
+
+def last_iteration(run_dir: Path) -> Path:
+    """The run's final iteration folder, as its report.json lists them (a stale longer run's folder is not read)."""
+    report = read_json(run_dir / "report.json")
+    iterations = report.get("iterations") if isinstance(report, dict) else None
+    if not iterations:
+        raise DataError(f"{run_dir / 'report.json'}: no 'iterations' (is this a finished driver run folder?)")
+    return run_dir / f"iter{iterations[-1]['iter']}"
+
+
+def asked_styles(expansion_dir: Path) -> dict[str, str]:
+    """Tuple id -> the query type its generator was asked for (Stage II files only; T0's own claims have none)."""
+    # 06c's side files (``*.status.jsonl``) repeat the trace without ``asked_style``: an asked type wins over the
+    # configured style ("mixed") whichever file is read last
+    configured: dict[str, str] = {}
+    asked: dict[str, str] = {}
+    for path in sorted(expansion_dir.glob("*.jsonl")) if expansion_dir.is_dir() else []:
+        for record in iter_jsonl(path, optional={"id": str, "t0_rewrite": dict}):
+            trace = record.get("t0_rewrite") or {}
+            if record.get("id") and trace.get("asked_style"):
+                asked[record["id"]] = trace["asked_style"]
+            elif record.get("id") and trace.get("style"):
+                configured[record["id"]] = trace["style"]
+    return {**configured, **asked}
+
+
+def tuple_difficulty(run_dir: Path) -> list[dict]:
+    """One summary per (source, query type) of ``run_dir``'s final training tuples, in first-seen order."""
+    iteration = last_iteration(run_dir)
+    files = sorted((iteration / "differentiation").glob("final_train_data.*.jsonl"))
+    if not files:
+        raise FileNotFoundError(f"{iteration / 'differentiation'}: no final_train_data.*.jsonl")
+    styles = asked_styles(iteration / "expansion")
+    groups: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    for path in files:
+        for lineno, record in iter_jsonl(path, required=TUPLE_FIELDS, with_lineno=True):
+            scores = record["hard_negative_scores"]
+            if not scores or not all(isinstance(s, (int, float)) for s in scores):
+                raise DataError(f"{path}:{lineno}: field 'hard_negative_scores' must be a non-empty list of numbers")
+            key = (record["source"], styles.get(record["id"], "–"))
+            groups[key].append((record["pos_rank"], record["pos_score"] - max(scores)))
+    return [{"run": run_dir.name, "source": source, "query_type": style, "tuples": len(items),
+             "ranked_first": sum(rank == 1 for rank, _ in items),
+             "mean_margin": statistics.mean(m for _, m in items),
+             "median_margin": statistics.median(m for _, m in items)}
+            for (source, style), items in groups.items()]
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", type=Path, help="driver run folders (the folder holding report.json)")
+    args = p.parse_args(argv)
+    rows = [summary for run in args.runs for summary in tuple_difficulty(run)]
+    print(markdown_table(
+        ["run", "source", "query type", "tuples", "positive first", "share", "mean margin", "median margin"],
+        [[r["run"], r["source"], r["query_type"], r["tuples"], r["ranked_first"],
+          f"{r['ranked_first'] / r['tuples']:.2f}", f"{r['mean_margin']:+.3f}", f"{r['median_margin']:+.3f}"]
+         for r in rows]))
+
+
+if __name__ == "__main__":
+    run_script(main)
