@@ -72,6 +72,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from repair.data import (file_sha256, iter_jsonl, load_beir, load_qrels, load_seed, read_jsonl, read_lines, write_jsonl,
                          write_lines)
 from repair.evaluation.beir_slice import write_beir_slice
+from repair.evaluation.report import final_iteration
 from repair.driver.steps import step_outputs, write_outputs
 from repair.encoding import link_cache
 from repair.tables import markdown_table
@@ -776,13 +777,6 @@ WIN_MARGIN = 0.01
 
 def _steps_of(by_seed: dict[int, dict]) -> set:
     return {r.get("steps") for r in by_seed.values()} - {None}
-
-
-def final_iteration(run_dir: Path) -> Path:
-    """A driver run's last iteration folder, as its report.json lists them: where a row's result and final model are
-    (a stale iter<k> folder of an earlier, longer run in the same place is not)."""
-    report = json.loads((run_dir / "report.json").read_text())
-    return run_dir / f"iter{report['iterations'][-1]['iter']}"
 
 
 def per_query_test(eval_dir: Path, candidate: str, baseline: str, seeds: list[int]) -> str:

@@ -24,19 +24,11 @@ from collections import defaultdict
 from pathlib import Path
 
 from repair.cli import run_script
-from repair.data import DataError, iter_jsonl, read_json
+from repair.data import DataError, iter_jsonl
+from repair.evaluation.report import final_iteration
 from repair.tables import markdown_table
 
 TUPLE_FIELDS = {"id": str, "source": str, "pos_rank": int, "pos_score": float, "hard_negative_scores": list}
-
-
-def last_iteration(run_dir: Path) -> Path:
-    """The run's final iteration folder, as its report.json lists them (a stale longer run's folder is not read)."""
-    report = read_json(run_dir / "report.json")
-    iterations = report.get("iterations") if isinstance(report, dict) else None
-    if not iterations:
-        raise DataError(f"{run_dir / 'report.json'}: no 'iterations' (is this a finished driver run folder?)")
-    return run_dir / f"iter{iterations[-1]['iter']}"
 
 
 def asked_styles(expansion_dir: Path) -> dict[str, str]:
@@ -57,7 +49,7 @@ def asked_styles(expansion_dir: Path) -> dict[str, str]:
 
 def tuple_difficulty(run_dir: Path) -> list[dict]:
     """One summary per (source, query type) of ``run_dir``'s final training tuples, in first-seen order."""
-    iteration = last_iteration(run_dir)
+    iteration = final_iteration(run_dir)
     files = sorted((iteration / "differentiation").glob("final_train_data.*.jsonl"))
     if not files:
         raise FileNotFoundError(f"{iteration / 'differentiation'}: no final_train_data.*.jsonl")

@@ -35,6 +35,17 @@ STAGES = {"diagnosis": ("01_", "02_", "03_", "04_"), "expansion": ("05_", "06_",
           "eval": ("eval",)}
 
 
+def final_iteration(run_dir: str | os.PathLike) -> Path:
+    """A driver run's last iteration folder, as its report.json lists them: where the run's result and final model
+    are (a stale ``iter<k>`` folder of an earlier, longer run in the same place is not)."""
+    report_path = Path(run_dir) / "report.json"
+    report = read_json(report_path)
+    iterations = report.get("iterations") if isinstance(report, dict) else None
+    if not iterations:
+        raise ValueError(f"{report_path}: no 'iterations' (not a finished driver run folder?)")
+    return Path(run_dir) / f"iter{iterations[-1]['iter']}"
+
+
 def _maybe_json(path: Path) -> Any:
     return read_json(path) if path.exists() else None
 
