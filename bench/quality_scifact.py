@@ -33,6 +33,8 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
                         _mixed asks for a claim, a question and a keyword query in turn, _contrast for a claim that
                         fits the document and not the positive it outranked (06c --contrast); all fix GEN_SEED=1, so
                         a later seed copies the lowest finished seed's stages up to 09 (one generation, paid once)
+  repair_conf_t0_15     issue 30: repair_conf_only + Stage II's concept queries (Qwen2.5-Coder-1.5B on CTranslate2),
+                        verified, then rewritten as claims in T0's style (QUERY_FORM=t0)
   repair_conf_one       issue 30: the decoder form of repair_conf_bm25_one (in-batch warm start, then lever 3 in the
                         same schedule); its control is inbatch2x
   (every lever row: VARIANTS below)
@@ -239,6 +241,12 @@ VARIANTS: dict[str, Variant] = {
                                          "GEN_MODEL": "qwen2.5-coder-1.5b", "GEN_BACKEND": "ct2",
                                          "QUERY_EXTRA": f"{D2Q_PROMPT} --contrast", "GEN_SEED": "1"},
                                         "04:repair_conf_d2q", seed_free="09"),
+    # issue 30 section 3's first form on lever 3's configuration: the 1.5B (CTranslate2 int8) writes the concept
+    # queries (05, half a round as repair_qwen15_gen), 06 verifies them, 06c rewrites each verified title as a claim in
+    # T0's style (the 0.5B could not: repair_qwen05_t0); repair_conf_only is its twin without Stage II
+    "repair_conf_t0_15": Variant({"CONFUSED_TUPLES": "1", "QUERY_FORM": "t0", "GEN_MODEL": "qwen2.5-coder-1.5b",
+                                  "GEN_BACKEND": "ct2", "GEN_ROUND": "324", "QUERY_EXTRA": D2Q_PROMPT, "GEN_SEED": "1"},
+                                 "04:repair_conf_d2q", seed_free="09"),
     # Eq. 6 with kappa = TOP_K: keep the diagnosed claims whose gold positive ranks low in its own pool (the most
     # confused ones, which kappa 5 drops although their positive is gold, not generated)
     "repair_conf_only_k15": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),
