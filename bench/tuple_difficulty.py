@@ -33,18 +33,16 @@ TUPLE_FIELDS = {"id": str, "source": str, "pos_rank": int, "pos_score": float, "
 
 def asked_styles(expansion_dir: Path) -> dict[str, str]:
     """Tuple id -> the query type its generator was asked for (Stage II files only; T0's own claims have none)."""
-    # 06c's side files (``*.status.jsonl``) repeat the trace without ``asked_style``: an asked type wins over the
-    # configured style ("mixed") whichever file is read last
-    configured: dict[str, str] = {}
-    asked: dict[str, str] = {}
-    for path in sorted(expansion_dir.glob("*.jsonl")) if expansion_dir.is_dir() else []:
+    styles: dict[str, str] = {}
+    # only 06c's own outputs, expansion.<form>.bottom_PPpct.jsonl (report.collect finds them by the same name); its
+    # side files (<output>.status.jsonl, .sources.jsonl) extend that name and are not what 07 embedded
+    for path in sorted(expansion_dir.glob("expansion.*.bottom_*pct.jsonl")) if expansion_dir.is_dir() else []:
         for record in iter_jsonl(path, optional={"id": str, "t0_rewrite": dict}):
             trace = record.get("t0_rewrite") or {}
-            if record.get("id") and trace.get("asked_style"):
-                asked[record["id"]] = trace["asked_style"]
-            elif record.get("id") and trace.get("style"):
-                configured[record["id"]] = trace["style"]
-    return {**configured, **asked}
+            style = trace.get("asked_style") or trace.get("style")  # asked: QUERY_STYLE=mixed's type for this one
+            if record.get("id") and style:
+                styles[record["id"]] = style
+    return styles
 
 
 def tuple_difficulty(run_dir: Path) -> list[dict]:

@@ -158,16 +158,18 @@ def _alias_problem(alias: str) -> str | None:
     return None
 
 
-def check_model_name(name: str, environ: Mapping[str, str] = os.environ) -> str | None:
+def check_model_name(name: str, environ: Mapping[str, str] = os.environ, check_installed: bool = True) -> str | None:
     """Why ``name`` cannot be a model for :func:`resolve_model`, or None, decided from names and files only
-    (no weights, no conversion, no network): an alias whose packages or converted folder are there; a local folder
+    (no weights, no conversion, no network): an alias whose packages or converted folder are there (with
+    ``check_installed=False`` a known alias is enough: whether this machine installed its packages is its state, not
+    the settings' fault, which is what a check of a configuration on another machine asks); a local folder
     with a ``config.json`` or an ``adapter_config.json`` (whose base is then checked the same way); a hub id in the
     local hub cache. A hub id not in the cache is accepted while the hub may be reached (the first step downloads
     it, as GPU nodes running ``MODEL=Qwen/Qwen2.5-0.5B`` do) and refused when ``HF_HUB_OFFLINE=1`` says it cannot
     be. The message does not name the setting: the caller prefixes it."""
     alias = ALIASES.get(name, ALIASES.get(name.lower()))
     if alias is not None:
-        return _alias_problem(alias)
+        return _alias_problem(alias) if check_installed else None
     path = Path(name).expanduser()
     if path.exists():
         if is_adapter_folder(path):
@@ -175,7 +177,7 @@ def check_model_name(name: str, environ: Mapping[str, str] = os.environ) -> str 
                 base = adapter_base(path)
             except ModelError as exc:
                 return str(exc)
-            problem = check_model_name(base, environ)
+            problem = check_model_name(base, environ, check_installed)
             return f"the base of adapter {name}: {problem}" if problem else None
         if not (path / "config.json").is_file():
             return (f"'{name}' is not a model folder (no config.json) nor a LoRA adapter folder (no "

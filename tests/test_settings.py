@@ -327,6 +327,28 @@ def test_models_are_resolved_up_front_without_weights(tmp_path):
     assert problems_for({**missing_judge, "JUDGE": "1", "GENERATOR": "openai", "OPENAI_URL": "http://127.0.0.1:1/v1"}) == []
 
 
+
+def test_an_alias_without_its_packages_is_a_problem_unless_installs_are_not_checked(tmp_path, monkeypatch):
+    """A generator alias whose packages are missing (and never converted here) stops a run before any work, naming
+    the pip command; ``check_installed=False`` (a study's rows checked on a machine without GENERATORS=1) accepts the
+    alias but still refuses a misspelt one and every other bad value."""
+    from repair import model_packages
+
+    monkeypatch.setenv("REPAIR_CACHE", str(tmp_path / "cache"))  # no converted folder to fall back on
+    real = model_packages.PACKAGED_MODELS["qwen2.5-coder-1.5b"]
+    absent = model_packages.PackagedGGUF(**{**real.__dict__, "parts": (("repairtest_no_such_part", "data/x.bin"),)})
+    monkeypatch.setitem(model_packages.PACKAGED_MODELS, "qwen2.5-coder-1.5b", absent)
+    env = {"TRAIN_DATA": str(TINY), "GEN_MODEL": "qwen2.5-coder-1.5b"}
+    assert problems_for(env) == [f"GEN_MODEL: alias 'qwen2.5-coder-1.5b' needs 1 package(s) that are not installed "
+                                 f"(repairtest_no_such_part); install with: {real.pip}"]
+    assert validate(resolve(env, ROOT), env, check_installed=False) == []
+    # offline, a name that is no alias must be a cached hub id (online it may still be downloaded)
+    typo = {**env, "GEN_MODEL": "qwen2.5-coder-15b", "PCT": "0", "HF_HUB_OFFLINE": "1",
+            "HF_HUB_CACHE": str(tmp_path / "hub")}
+    problems = validate(resolve(typo, ROOT), typo, check_installed=False)
+    assert [p.split(" is not in")[0] for p in problems] == ["PCT must be in 1..100, got 0",
+                                                            "GEN_MODEL: 'qwen2.5-coder-15b'"]
+
 def test_every_eval_data_entry_is_checked_with_the_files_its_task_reads(tmp_path):
     """Issue 32: each EVAL_DATA entry parses (task known) and holds what its task reads for EVAL_SPLIT (BEIR:
     corpus, queries, qrels/<split>.tsv; STS: one pairs file), checked before any work, as the evaluation would."""

@@ -31,13 +31,13 @@ def make_run(tmp_path: Path) -> Path:
         tuple_row("d2q:c", "doc2query", 3, 0.4, [0.8, 0.2]),       # -0.4
         tuple_row("t0:1", "t0_confused", 2, 0.5, [0.6]),           # -0.1
     ])
-    # the main expansion file records the asked type; 06c's status side file repeats the trace without it
+    # the main expansion file records the asked type; 06c's side files are not read (a wrong type here would show)
     write_jsonl(run / "iter1" / "expansion" / "expansion.doc2query.bottom_30pct.jsonl", [
         {"id": "d2q:a", "t0_rewrite": {"style": "mixed", "asked_style": "question"}},
         {"id": "d2q:b", "t0_rewrite": {"style": "mixed", "asked_style": "question"}},
         {"id": "d2q:c", "t0_rewrite": {"style": "mixed", "asked_style": "keywords"}}])
     write_jsonl(run / "iter1" / "expansion" / "expansion.doc2query.bottom_30pct.jsonl.status.jsonl", [
-        {"id": "d2q:a", "t0_rewrite": {"style": "mixed"}}, {"id": "d2q:c", "t0_rewrite": {"style": "mixed"}}])
+        {"id": "d2q:a", "t0_rewrite": {"style": "mixed"}}, {"id": "d2q:c", "t0_rewrite": {"asked_style": "claim"}}])
     # a stale folder of an earlier, longer run in the same place: report.json does not list it
     write_jsonl(run / "iter2" / "differentiation" / "final_train_data.bottom_30pct.jsonl",
                 [tuple_row("stale", "doc2query", 1, 1.0, [0.0])])

@@ -231,8 +231,10 @@ def _eval_spec_problem(spec: str, split: str) -> str | None:
     return None
 
 
-def validate(resolved: Resolved, environ: Mapping[str, str]) -> list[str]:
-    """Every problem with the settings, one message each naming the setting (empty = all good)."""
+def validate(resolved: Resolved, environ: Mapping[str, str], check_installed: bool = True) -> list[str]:
+    """Every problem with the settings, one message each naming the setting (empty = all good).
+    ``check_installed=False`` accepts a model alias whose packages this machine lacks (a configuration checked for
+    use elsewhere, e.g. a study's rows on a machine without ``GENERATORS=1``); every other check still runs."""
     v = resolved.values
     problems: list[str] = []
 
@@ -262,7 +264,7 @@ def validate(resolved: Resolved, environ: Mapping[str, str]) -> list[str]:
                 bad(s.name, f"{s.name} not found: {value} (a local model folder; a Hugging Face id looks like "
                             f"org/name)")
             elif not (s.name == "GEN_MODEL" and v["GENERATOR"] == "openai"):  # openai: a served model's name
-                problem = check_model_name(value, environ)
+                problem = check_model_name(value, environ, check_installed)
                 if problem:
                     bad(s.name, f"{s.name} {problem}" if problem.startswith("not found") else f"{s.name}: {problem}")
         elif s.kind == "adapter" and value:
