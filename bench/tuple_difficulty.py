@@ -8,8 +8,8 @@ confused claims do not (34 of 130, margin -0.041).
 
 Reads, for each run folder, its last iteration (report.json) ``differentiation/final_train_data.*.jsonl`` (fields
 ``source``, ``pos_rank``, ``pos_score``, ``hard_negative_scores``) and, to split Stage II's tuples by the query type
-the generator was asked for (``QUERY_STYLE=mixed``), ``expansion/*.jsonl``'s ``t0_rewrite.asked_style`` (else its
-``style``) by tuple id. Prints one Markdown row per (run, source[, query type]): tuples, positive ranked first (count
+the generator was asked for (``QUERY_STYLE=mixed``), 06c's output ``expansion/expansion.<form>.bottom_PPpct.jsonl``'s
+``t0_rewrite.asked_style`` (else its ``style``) by tuple id. Prints one Markdown row per (run, source[, query type]): tuples, positive ranked first (count
 and share), mean and median margin (positive score minus the hardest negative's).
 
 Example:

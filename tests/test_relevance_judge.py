@@ -317,8 +317,8 @@ def test_judge_settings_are_checked_up_front(tmp_path):
     assert "JUDGE=1 judges Stage II's verified tuples: it needs EXPANSION=1" in problems
     ok = {**env, "JUDGE_THRESHOLD": "0.6", "JUDGE_K": "4", "EXPANSION": "1"}
     resolved = resolve(ok, ROOT)
-    assert not [p for p in validate(resolved, ok, check_installed=False) if "JUDGE" in p] and resolved.values["JUDGE_MODEL"] == \
-        "qwen2.5-coder-0.5b"
+    assert not [p for p in validate(resolved, ok, check_installed=False) if "JUDGE" in p]
+    assert resolved.values["JUDGE_MODEL"] == "qwen2.5-coder-0.5b"
     assert resolve({k: v for k, v in ok.items() if k != "JUDGE"}, ROOT).values["JUDGE"] == "0"  # opt-in
 
 

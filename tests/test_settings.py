@@ -327,7 +327,6 @@ def test_models_are_resolved_up_front_without_weights(tmp_path):
     assert problems_for({**missing_judge, "JUDGE": "1", "GENERATOR": "openai", "OPENAI_URL": "http://127.0.0.1:1/v1"}) == []
 
 
-
 def test_an_alias_without_its_packages_is_a_problem_unless_installs_are_not_checked(tmp_path, monkeypatch):
     """A generator alias whose packages are missing (and never converted here) stops a run before any work, naming
     the pip command; ``check_installed=False`` (a study's rows checked on a machine without GENERATORS=1) accepts the
@@ -348,6 +347,7 @@ def test_an_alias_without_its_packages_is_a_problem_unless_installs_are_not_chec
     problems = validate(resolve(typo, ROOT), typo, check_installed=False)
     assert [p.split(" is not in")[0] for p in problems] == ["PCT must be in 1..100, got 0",
                                                             "GEN_MODEL: 'qwen2.5-coder-15b'"]
+
 
 def test_every_eval_data_entry_is_checked_with_the_files_its_task_reads(tmp_path):
     """Issue 32: each EVAL_DATA entry parses (task known) and holds what its task reads for EVAL_SPLIT (BEIR:

@@ -6,13 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from repair.data import write_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "tuple_difficulty.py"
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def tuple_row(tid: str, source: str, rank: int, pos: float, negs: list[float]) -> dict:
