@@ -402,13 +402,16 @@ def _seed_from_records(records: Iterable[tuple[str, dict]], source: str) -> Seed
     return seed
 
 
-def load_torch_file(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
+def load_torch_file(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = False) -> Any:
     """``torch.load(weights_only=True)`` (never unpickles code: DESIGN 3) whose failure names the file.
 
     torch's own message is a paragraph about trusting the source; the :class:`DataError` keeps its one useful
-    sentence (the unsupported global or opcode). Every ``.pt`` input and checkpoint goes through here.
+    sentence (the unsupported global or opcode). Every ``.pt`` input and checkpoint goes through here. ``mmap``: map
+    the tensors' bytes instead of reading them, so checking a model's ``pytorch_model.bin`` reads only its pickle
+    (torch's zip format; a legacy file is read whole).
     """
     import pickle
+    import zipfile
 
     import torch
 
@@ -416,7 +419,8 @@ def load_torch_file(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        extra = {"mmap": True} if mmap and zipfile.is_zipfile(path) else {}
+        return torch.load(path, map_location=map_location, weights_only=True, **extra)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
         if isinstance(exc, torch.OutOfMemoryError):  # the file is fine; the device is full
             raise

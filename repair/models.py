@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
+from urllib.parse import urlsplit
 
 from repair.data import load_torch_file
 # The models that registry packages ship (SmolLM2, MiniLM, the Qwen generators) are located and converted there;
@@ -81,6 +82,22 @@ def check_adapter_weights(folder: str | os.PathLike) -> None:
         load_torch_file(weights)
 
 
+def check_model_weights(folder: str | os.PathLike) -> None:
+    """Refuse a full-model folder whose weights are a pickle holding code, naming the file
+    (:class:`repair.data.DataError`; issue 44).
+
+    transformers loads ``pytorch_model*.bin`` (when the folder has no ``*.safetensors``, which it would prefer) with
+    ``torch.load(weights_only=True)``: the code never runs, but the refusal is a 35-line traceback ending in torch's
+    advice to load with ``weights_only=False``. Opening each file first through :func:`repair.data.load_torch_file`
+    turns that into the project's one line; its tensors are memory-mapped, so only the pickle is read twice. A hub id
+    is not a folder: transformers' own ``weights_only=True`` load guards what it downloads."""
+    folder = Path(folder)
+    if not folder.is_dir() or any(folder.glob("*.safetensors")):
+        return
+    for weights in sorted(folder.glob("pytorch_model*.bin")):
+        load_torch_file(weights, mmap=True)
+
+
 def adapter_base(folder: str | os.PathLike) -> str:
     """The base model a LoRA adapter folder was trained on (``base_model_name_or_path`` of its config), as the
     README's loading recipe and REPAIR's eval_mesh.py read it."""
@@ -129,15 +146,71 @@ def hub_offline(environ: Mapping[str, str]) -> bool:
     return any(environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE") for v in OFFLINE_VARIABLES)
 
 
+def hf_home(environ: Mapping[str, str]) -> Path:
+    """The Hugging Face home ``huggingface_hub`` uses under ``environ``: HF_HOME, else
+    XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface."""
+    if environ.get("HF_HOME"):
+        return Path(environ["HF_HOME"]).expanduser()
+    xdg = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg).expanduser() / "huggingface"
+
+
 def hub_cache_dir(environ: Mapping[str, str]) -> Path:
-    """The Hugging Face hub cache ``huggingface_hub`` uses under ``environ``: HF_HUB_CACHE, HF_HOME/hub,
-    XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub."""
+    """The Hugging Face hub cache ``huggingface_hub`` uses under ``environ``: HF_HUB_CACHE, else hf_home/hub."""
     if environ.get("HF_HUB_CACHE"):
         return Path(environ["HF_HUB_CACHE"]).expanduser()
-    if environ.get("HF_HOME"):
-        return Path(environ["HF_HOME"]).expanduser() / "hub"
-    xdg = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "huggingface" / "hub"
+    return hf_home(environ) / "hub"
+
+
+# The one look-up of a hub id the cache lacks (issue 44): a HEAD on its config.json, no retries. A hub that has not
+# answered within this many seconds (to connect, then to reply) would not serve the download either; transformers'
+# own retries took 26 s to say so, inside the first step.
+HUB_TIMEOUT_S = 5.0
+DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
+
+
+def _hub_token(environ: Mapping[str, str]) -> str | None:
+    """The token huggingface_hub would send (HF_TOKEN, else the file ``hf auth login`` wrote), so a private or gated
+    model is looked up as it will be downloaded. Never part of a message."""
+    if environ.get("HF_TOKEN", "").strip():
+        return environ["HF_TOKEN"].strip()
+    token_file = Path(environ.get("HF_TOKEN_PATH") or hf_home(environ) / "token").expanduser()
+    try:
+        return token_file.read_text(encoding="utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def hub_lookup_problem(repo_id: str, environ: Mapping[str, str], cache: Path) -> str | None:
+    """Why the hub (HF_ENDPOINT) will not serve ``repo_id``, or None: one HEAD on its ``config.json`` with a short
+    timeout, so a mistyped MODEL or a machine without network is refused in seconds before any work (issue 44)."""
+    import requests
+
+    endpoint = (environ.get("HF_ENDPOINT") or DEFAULT_HUB_ENDPOINT).rstrip("/")
+    parts = urlsplit(endpoint)
+    shown = f"{parts.scheme}://{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}{parts.path}"
+    token = _hub_token(environ)
+    offline = (f"without network, set HF_HUB_OFFLINE=1 and use a model in the cache, a local folder or an alias "
+               f"({', '.join(sorted(set(ALIASES.values())))})")
+    try:
+        response = requests.head(f"{endpoint}/{repo_id}/resolve/main/config.json", timeout=HUB_TIMEOUT_S,
+                                 headers={"Authorization": f"Bearer {token}"} if token else {}, allow_redirects=True)
+    except requests.RequestException as exc:
+        errno = re.search(r"\[Errno -?\d+\] [^'\")]*", str(exc))
+        reason = f"{type(exc).__name__}: {errno.group(0)}" if errno else type(exc).__name__
+        return (f"'{repo_id}' is not in the Hugging Face cache ({cache}) and the hub ({shown}) did not answer within "
+                f"{HUB_TIMEOUT_S:g} s ({reason}); {offline}")
+    if response.ok:
+        return None
+    status, code = response.status_code, response.headers.get("X-Error-Code", "")
+    if code == "GatedRepo":
+        return f"'{repo_id}' is gated on the hub ({shown}): accept its terms there and set HF_TOKEN"
+    if code == "EntryNotFound":
+        return f"'{repo_id}' on the hub ({shown}) has no config.json: not a transformers model"
+    if status in (401, 403, 404):
+        return (f"not found on the hub ({shown}): no repository '{repo_id}' (HTTP {status}; a typo? a private one "
+                f"needs HF_TOKEN); {offline}")
+    return f"the hub ({shown}) answered HTTP {status} for '{repo_id}' (config.json); retry later, or {offline}"
 
 
 def _alias_problem(alias: str) -> str | None:
@@ -159,38 +232,45 @@ def _alias_problem(alias: str) -> str | None:
 
 
 def check_model_name(name: str, environ: Mapping[str, str] = os.environ, check_installed: bool = True) -> str | None:
-    """Why ``name`` cannot be a model for :func:`resolve_model`, or None, decided from names and files only
-    (no weights, no conversion, no network): an alias whose packages or converted folder are there (with
-    ``check_installed=False`` a known alias is enough: whether this machine installed its packages is its state, not
-    the settings' fault, which is what a check of a configuration on another machine asks); a local folder
-    with a ``config.json`` or an ``adapter_config.json`` (whose base is then checked the same way); a hub id in the
-    local hub cache. A hub id not in the cache is accepted while the hub may be reached (the first step downloads
-    it, as GPU nodes running ``MODEL=Qwen/Qwen2.5-0.5B`` do) and refused when ``HF_HUB_OFFLINE=1`` says it cannot
-    be. The message does not name the setting: the caller prefixes it."""
+    """Why ``name`` cannot be a model for :func:`resolve_model`, or None, decided before any work from names and files
+    (no conversion, no weights but a pickle's check) and at most one request to the hub: an alias whose packages or
+    converted folder are there (with ``check_installed=False`` a known alias is enough: whether this machine installed
+    its packages is its state, not the settings' fault, which is what a check of a configuration on another machine
+    asks); a local folder with a ``config.json`` and no weights pickle holding code (:func:`check_model_weights`), or
+    an ``adapter_config.json`` (its weights checked likewise, its base the same way); a hub id in the local hub cache.
+    A hub id not in the cache is refused when ``HF_HUB_OFFLINE=1`` says it cannot be downloaded, else looked up once
+    (:func:`hub_lookup_problem`; not with ``check_installed=False``: whether this machine reaches the hub is its
+    state too). The message does not name the setting: the caller prefixes it."""
+    from repair.data import DataError
+
     alias = ALIASES.get(name, ALIASES.get(name.lower()))
     if alias is not None:
         return _alias_problem(alias) if check_installed else None
     path = Path(name).expanduser()
     if path.exists():
-        if is_adapter_folder(path):
-            try:
+        try:
+            if is_adapter_folder(path):
                 base = adapter_base(path)
-            except ModelError as exc:
-                return str(exc)
-            problem = check_model_name(base, environ, check_installed)
-            return f"the base of adapter {name}: {problem}" if problem else None
-        if not (path / "config.json").is_file():
-            return (f"'{name}' is not a model folder (no config.json) nor a LoRA adapter folder (no "
-                    f"{ADAPTER_CONFIG})")
+                check_adapter_weights(path)
+                problem = check_model_name(base, environ, check_installed)
+                return f"the base of adapter {name}: {problem}" if problem else None
+            if not (path / "config.json").is_file():
+                return (f"'{name}' is not a model folder (no config.json) nor a LoRA adapter folder (no "
+                        f"{ADAPTER_CONFIG})")
+            check_model_weights(path)
+        except (ModelError, DataError) as exc:
+            return str(exc)
         return None
     if not HUB_ID_RE.match(name):
         return f"not found: {name} (an alias, a local model folder, or a Hugging Face id like org/name)"
     cache = hub_cache_dir(environ)
-    if _in_hub_cache(name, cache) or not hub_offline(environ):
+    if _in_hub_cache(name, cache):
         return None
-    aliases = ", ".join(sorted(set(ALIASES.values())))
-    return (f"'{name}' is not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE=1 forbids downloading it "
-            f"(download it first with network, or use a local folder or an alias: {aliases})")
+    if hub_offline(environ):
+        aliases = ", ".join(sorted(set(ALIASES.values())))
+        return (f"'{name}' is not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE=1 forbids downloading it "
+                f"(download it first with network, or use a local folder or an alias: {aliases})")
+    return hub_lookup_problem(name, environ, cache) if check_installed else None
 
 
 def _in_hub_cache(repo_id: str, cache: Path) -> bool:
@@ -235,4 +315,5 @@ def resolve_model(name_or_path: str, pooling: str | None = None, trust_remote_co
         raise FileNotFoundError(f"{adapter}: not a LoRA adapter folder (no {ADAPTER_CONFIG})")
     if adapter:
         check_adapter_weights(adapter)
+    check_model_weights(path)
     return ModelSpec(name=name_or_path, path=path, pooling=chosen, adapter=adapter or None)

@@ -313,8 +313,10 @@ class TokenClassificationExtractor:
         """Load a model id or local folder (MatDetector: ``yerim0210/MatDetector``) and its tokenizer."""
         from transformers import AutoModelForTokenClassification, AutoTokenizer
 
+        from repair.models import check_model_weights
         from repair.runtime import pick_device
 
+        check_model_weights(model)  # a local folder's pickled weights holding code: one line naming the file
         dev = pick_device(device)
         try:
             tok = AutoTokenizer.from_pretrained(tokenizer or model, use_fast=True,

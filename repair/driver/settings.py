@@ -29,7 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 from repair.data import write_json
 from repair.driver.settings_table import SETTINGS, Setting
 from repair.expansion.relevance_judge import DEFAULT_JUDGE_MODEL
-from repair.models import check_model_name
+from repair.models import check_adapter_weights, check_model_name
 from repair.training.config import CAUSALNEG_QEM_LAMBDA, TrainConfig, epoch_steps
 
 RECORD_FILE = "settings.json"
@@ -197,8 +197,42 @@ def _looks_like_path(value: str) -> bool:
 
 
 def _adapter_problem(name: str, value: str) -> str | None:
+    """A LoRA adapter folder whose weights load with ``weights_only=True`` (checked here, not at the step that first
+    loads it: issue 44)."""
+    from repair.data import DataError
+
     if not (Path(value).expanduser() / "adapter_config.json").is_file():
         return f"{name} must be a LoRA adapter folder (no adapter_config.json in '{value}')"
+    try:
+        check_adapter_weights(Path(value).expanduser())
+    except DataError as exc:
+        return f"{name}: {exc}"
+    return None
+
+
+# The folders every run writes into before its first step (run_repair.sh: mkdir -p $OUT_DIR/logs $OUT_DIR/.state).
+RUN_FOLDERS = ("logs", ".state")
+
+
+def _out_dir_problem(value: str) -> str | None:
+    """OUT_DIR must be a folder this user may write, or one it may create (its nearest existing parent writable).
+    Issue 44: a root-owned folder, a subfolder of one, or another user's finished run ended in a PermissionError
+    traceback from :func:`check_and_record`. ``os.access`` asks the kernel (permissions, a read-only mount) without
+    writing anything (``--no_record`` leaves OUT_DIR untouched)."""
+    out = Path(os.path.abspath(os.path.expanduser(value)))
+    # os.path.exists: False (not an exception) where a parent denies the look (OUT_DIR=/root/run as a user)
+    existing = next(p for p in (out, *out.parents) if os.path.exists(p) or p == p.parent)
+    if not os.path.isdir(existing):
+        return f"OUT_DIR {value}: {existing} is a file, not a folder (choose another OUT_DIR)"
+    if existing != out:
+        if not os.access(existing, os.W_OK | os.X_OK):
+            return (f"OUT_DIR {value} cannot be created: {existing} is not writable by this user (choose another "
+                    f"OUT_DIR)")
+        return None
+    for folder in (out, *(out / name for name in RUN_FOLDERS)):
+        if os.path.exists(folder) and not os.access(folder, os.W_OK | os.X_OK):
+            where = "" if folder == out else f": its folder {folder.name} is not"
+            return f"OUT_DIR {value} is not writable by this user{where} (choose another OUT_DIR)"
     return None
 
 
@@ -302,6 +336,10 @@ def validate(resolved: Resolved, environ: Mapping[str, str], check_installed: bo
         problem = _adapter_problem("GEN_ADAPTER", v["GEN_ADAPTER"])
         if problem:
             bad("GEN_ADAPTER", problem.replace("must be a", "must be auto, none or a"))
+    if v["OUT_DIR"]:
+        problem = _out_dir_problem(v["OUT_DIR"])
+        if problem:
+            bad("OUT_DIR", problem)
     if v["DEVICE"] and not DEVICE_RE.match(v["DEVICE"]):
         bad("DEVICE", f"DEVICE must be cpu, cuda, cuda:N or mps, got {v['DEVICE']!r}")
     if v["OPENAI_EXTRA"]:
