@@ -83,6 +83,7 @@ class S2Server:
     key_status: int = 403
     ranges: bool = True
     valid_from: int = 1
+    expired_style: str = "403"  # 403 AccessDenied "Request has expired", or 400 ExpiredToken (temporary credentials)
     api_faults: list = field(default_factory=list)
     s3_faults: dict = field(default_factory=dict)
     seen: list = field(default_factory=list)
@@ -177,6 +178,10 @@ class S2Server:
         if data is None:
             return self.send(h, 404, b"<Error><Code>NoSuchKey</Code></Error>", ctype="application/xml")
         token = int(parse_qs(u.query).get("Signature", ["SIG-SECRET-0"])[0].rsplit("-", 1)[-1])
+        if token < self.valid_from and self.expired_style == "400":
+            return self.send(h, 400, b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>ExpiredToken</Code>"
+                                     b"<Message>The provided token has expired.</Message><Token-0>TOKEN-SECRET-0"
+                                     b"</Token-0><RequestId>X</RequestId></Error>", ctype="application/xml")
         if token < self.valid_from:
             return self.send(h, 403, b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>AccessDenied</Code>"
                                      b"<Message>Request has expired</Message><X-Amz-Expires>604800</X-Amz-Expires>"
@@ -362,19 +367,22 @@ def test_a_killed_download_resumes_from_its_part_file_and_a_changed_object_start
     assert read_manifest(out)["datasets"]["abstracts"]["shards"][1]["sha256"] == hashlib.sha256(new1).hexdigest()
 
 
-def test_expired_links_are_refreshed_once_then_a_clear_line(srv, key_file, tmp_path, capsys, caplog):
-    srv.valid_from = 2  # the first listing's links have expired by the time they are used
+@pytest.mark.parametrize("style,shown", [("403", "AccessDenied: Request has expired"),
+                                         ("400", "ExpiredToken: The provided token has expired.")])
+def test_expired_links_are_refreshed_once_then_a_clear_line(srv, key_file, tmp_path, capsys, caplog, style, shown):
+    srv.valid_from, srv.expired_style = 2, style  # the first listing's links have expired by the time they are used
     out = tmp_path / "s2"
     assert main(args(srv, out, key_file, "--datasets", "papers")) == 0
     assert len(srv.listing_gets()) == 2
     assert [s.query["Signature"] for s in srv.shard_gets()] == ["SIG-SECRET-1", "SIG-SECRET-2", "SIG-SECRET-2"]
-    assert "Request has expired" in caplog.text and "SIG-SECRET" not in caplog.text + all_text(out)
+    assert f"HTTP {style} {shown}" in caplog.text
+    assert "SIG-SECRET" not in caplog.text + all_text(out) and "TOKEN-SECRET" not in caplog.text + all_text(out)
     assert [p.read_bytes() for p in shard_paths(out, "papers")] == [d for _, d in srv.objects["papers"]]
 
     srv.valid_from = 10**6  # fresh links are refused too
     line = one_error_line(capsys, args(srv, tmp_path / "b", key_file, "--datasets", "abstracts"))
-    assert "refused again after a fresh file list" in line and "AccessDenied: Request has expired" in line
-    assert "SIG-SECRET" not in line and "AKIATESTONLY" not in line
+    assert "refused again after a fresh file list" in line and shown in line
+    assert "SIG-SECRET" not in line and "AKIATESTONLY" not in line and "TOKEN-SECRET" not in line
 
 
 @pytest.mark.parametrize("status", [401, 403])

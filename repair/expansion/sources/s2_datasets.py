@@ -10,20 +10,24 @@ as summarised by allenai/s2-folks ``examples/python/s2ag_datasets/full-datasets.
 ``json-schema/semantic-scholar-dataset-release.json`` and ``examples/semantic-scholar-datasets-releases-example.json``):
 
 - base ``https://api.semanticscholar.org/datasets/v1``; ``GET release/`` is a JSON list of release ids, date stamps
-  such as ``"2024-01-02"``, oldest first; ``GET release/{release_id}`` (``latest`` allowed) is
-  ``{"release_id", "README", "datasets": [{"name", "description", "README"}]}``;
+  such as ``"2024-01-02"``, oldest first (the s2-folks example reads ``[0]`` as the earliest release);
+  ``GET release/{release_id}`` (``latest`` allowed) is ``{"release_id", "README", "datasets": [{"name",
+  "description", "README"}]}``;
 - ``GET release/{release_id}/dataset/{dataset_name}`` is ``{"name", "description", "README", "files": [...]}``, where
   ``files`` are "temporary, pre-signed download links" to the dataset's partitions on S3, gzipped JSONL; they need
   the API key, sent in the ``x-api-key`` header (the same key as the Graph API's, allenai/s2-folks issue #37);
 - ``GET diffs/{start_release_id}/to/{end_release_id}/{dataset_name}`` lists per-step ``update_files`` and
   ``delete_files``: not used here (the index is built from one full release);
-- record formats (a ``papers`` sample shipped in the API's README, seen in rimonim/quantitative_history
-  ``semanticscholar_samples/``): ``papers`` rows hold ``corpusid`` (int), ``externalids`` (``DOI``, ``ArXiv``,
-  ``CorpusId`` ... or null), ``title``, ``venue``, ``year``, ``url``, ``authors`` ...; ``abstracts`` rows hold
-  ``corpusid``, ``abstract`` and ``openaccessinfo`` (``externalids``, ``license``, ``url``, ``status``);
+- record formats (the sample files the release README links to, allenai/s2-folks PR #24; copies with the
+  datasets' own READMEs in rimonim/quantitative_history ``semanticscholar_samples/``): ``papers`` rows hold
+  ``corpusid`` (int), ``externalids`` (``DOI``, ``ArXiv``, ``CorpusId`` ... or null), ``title``, ``venue``,
+  ``year``, ``url``, ``authors`` ...; ``abstracts`` rows hold ``corpusid``, ``abstract`` and ``openaccessinfo``
+  (``externalids``, ``license``, ``url``, ``status``);
 - an expired pre-signed S3 link answers HTTP 403 with an XML body ``<Error><Code>AccessDenied</Code><Message>Request
   has expired</Message>...`` (aws/aws-sdk-php issue #1333, aws/aws-sdk-js issue #3493); a link signed with
-  temporary credentials whose token expired answers 400 ``ExpiredToken``. Either way the cure is a fresh listing.
+  temporary credentials whose token expired answers 400 ``<Code>ExpiredToken</Code><Message>The provided token has
+  expired.</Message><Token-0>...`` (boto/boto3 issue #2392, craftcms/aws-s3 issue #182) -- the body echoes the
+  token, so only Code and Message are ever shown. Either way the cure is a fresh listing.
 
 What a user relies on:
 
@@ -411,8 +415,8 @@ class Downloader:
             except _Retry as exc:
                 have = part.stat().st_size if part.exists() else 0
                 progressed = have > best
-                if progressed:  # progress resets the budget: a long shard may break off many times
-                    best, failures = have, 0
+                if progressed:  # progress resets the budgets: a long shard may break off (or outlive a link)
+                    best, failures, refreshed = have, 0, False
                 else:
                     failures += 1
                 if failures > self.max_retries:
