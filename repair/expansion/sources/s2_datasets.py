@@ -38,6 +38,9 @@ What a user relies on:
 - a shard in progress is ``<name>.part`` (+ ``<name>.part.json``: the object's size and ETag); a rerun resumes it
   with an HTTP ``Range`` request when the server answers 206, else starts it again; a second run over a finished
   folder sends no download request at all;
+- ``workers`` shards download at once (threads: the network and zlib/hashlib release the GIL), so one shard's
+  gzip check overlaps another's download; the first failure stops the others, their bytes kept in ``.part``,
+  after the shards already whole are recorded;
 - each failure ends in one line (bad key, unknown release or dataset, 429 after bounded retries, links that stay
   refused after one fresh listing, a shard that keeps breaking off, a size or gzip mismatch, the network down);
 - neither the API key nor a link's signature (the query string of a pre-signed URL is a bearer credential) appears
@@ -54,9 +57,9 @@ import json
 import logging
 import os
 import re
-import sys
-import time
+import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -254,6 +257,10 @@ class _Expired(Exception):
     """Internal: the link was refused (403, or 400 ExpiredToken): a fresh listing is needed."""
 
 
+class _Stopped(Exception):
+    """Internal: another shard failed or the user interrupted; this one stops, its bytes kept in ``.part``."""
+
+
 def _content_range(value: str | None) -> tuple[int, int | None] | None:
     """``bytes START-END/TOTAL`` -> (START, TOTAL or None for ``*``)."""
     m = re.match(r"^\s*bytes\s+(\d+)-\d+/(\d+|\*)\s*$", value or "")
@@ -289,13 +296,29 @@ class Downloader:
     """Download datasets of one release into ``out_dir`` (see the module docstring for the folder's layout)."""
 
     def __init__(self, api: DatasetsApi, out_dir: str | os.PathLike, *, progress: bool = True,
-                 timeout: float = 60.0):
+                 timeout: float = 60.0, workers: int = 2):
         self.api, self.out = api, Path(out_dir)
         self.progress, self.timeout = progress, timeout
+        # shards download in parallel: one shard's gzip check (CPU) overlaps another's download (network)
+        self.workers = max(1, int(workers))
         # waits as the API's: the same --max_retries, --backoff and Retry-After ceiling
         self.max_retries, self.max_retry_after = api.client.max_retries, api.client.max_retry_after
-        self.session = requests.Session()  # no key on it: pre-signed links carry their own credentials
         self.stats = {"downloaded": 0, "skipped": 0, "bytes": 0, "resumed": 0, "refreshed": 0}
+        self._lock, self._refresh_lock = threading.Lock(), threading.Lock()
+        self._stop = threading.Event()
+        self._local = threading.local()
+        self._bar = None
+
+    @property
+    def session(self) -> requests.Session:
+        """One session per thread, without the key (pre-signed links carry their own credentials)."""
+        if not hasattr(self._local, "session"):
+            self._local.session = requests.Session()
+        return self._local.session
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self.stats[key] += n
 
     # -- the manifest
     def _manifest(self, release_id: str) -> dict:
@@ -333,32 +356,75 @@ class Downloader:
         if n_release is not None:
             wanted = range(min(n_release, max_shards) if max_shards is not None else n_release)
             if all(i in done for i in wanted):  # nothing to do: no listing request, no download (idempotent)
-                self.stats["skipped"] += len(wanted)
+                self._count("skipped", len(wanted))
                 logger.info("%s: %d shard(s) already here", name, len(wanted))
                 return entry
         urls = self._listing(release_id, name)
         entry["release_files"] = len(urls)
         self._save(manifest)  # the folder names its release from the first listing on
         shards = [Shard(name, i, u) for i, u in enumerate(urls)]
-        todo = shards[:max_shards] if max_shards is not None else shards
         (self.out / name).mkdir(parents=True, exist_ok=True)
-        for shard in todo:
+
+        def record(rec: dict | None = None) -> None:  # main thread only: the manifest grows by whole shards
+            if rec is not None:
+                done[rec["index"]] = rec
+            entry["shards"] = [done[i] for i in sorted(done)]
+            entry["complete"] = len(done) == len(urls)
+            self._save(manifest)
+
+        todo = []
+        for shard in shards[:max_shards] if max_shards is not None else shards:
             if shard.index in done:
                 if done[shard.index]["object"] != shard.object:
                     raise _fail(f"release {release_id}, dataset {name}: {shard.file} was object "
                                 f"{done[shard.index]['object']}, the file list now names {shard.object}; the "
                                 "release changed (use another --out)")
-                self.stats["skipped"] += 1
-                continue
-            record = self._adopt(shard) or self._fetch(shard, release_id, shards, len(urls))
-            done[shard.index] = record
-            entry["shards"] = [done[i] for i in sorted(done)]
-            entry["complete"] = len(done) == len(urls)
-            self._save(manifest)
-        entry["shards"] = [done[i] for i in sorted(done)]
-        entry["complete"] = len(done) == len(urls)
-        self._save(manifest)
+                self._count("skipped")
+            elif (adopted := self._adopt(shard)) is not None:
+                record(adopted)
+            else:
+                todo.append(shard)
+        self._run(todo, shards, release_id, record)
+        record()
         return entry
+
+    def _run(self, todo: list[Shard], shards: list[Shard], release_id: str, record) -> None:
+        """Fetch ``todo`` on ``workers`` threads; ``record`` each finished shard as it comes. The first failure
+        stops the others (their bytes stay in ``.part``) after the shards already finished are recorded."""
+        if not todo:
+            return
+        from tqdm.auto import tqdm
+
+        first_error: BaseException | None = None
+        self._stop.clear()
+        self._bar = tqdm(total=None, unit="B", unit_scale=True, unit_divisor=1024, disable=not self.progress,
+                         desc=f"{todo[0].dataset} 0/{len(todo)} shards", mininterval=1.0)
+        try:
+            with ThreadPoolExecutor(self.workers, thread_name_prefix="s2-shard") as pool:
+                futures = [pool.submit(self._fetch, s, shards, release_id) for s in todo]
+                try:
+                    for n, fut in enumerate(as_completed(futures), start=1):
+                        if fut.cancelled():
+                            continue
+                        try:
+                            record(fut.result())
+                        except (_Stopped, Exception) as exc:  # noqa: BLE001 - the first error is re-raised below
+                            if first_error is None and not isinstance(exc, _Stopped):
+                                first_error = exc
+                            self._stop.set()
+                            for f in futures:
+                                f.cancel()
+                        self._bar.set_description(f"{todo[0].dataset} {n}/{len(todo)} shards", refresh=False)
+                except BaseException:  # Ctrl-C: stop the workers at their next block, keep their bytes
+                    self._stop.set()
+                    for f in futures:
+                        f.cancel()
+                    raise
+        finally:
+            self._bar.close()
+            self._bar = None
+        if first_error is not None:
+            raise first_error
 
     def _listing(self, release_id: str, name: str) -> list[str]:
         data = self.api.dataset(release_id, name)
@@ -367,15 +433,19 @@ class Downloader:
             raise _fail(f"release {release_id}, dataset {name}: 'files' holds an entry that is not a link")
         return urls
 
-    def _refresh(self, release_id: str, shards: list[Shard], shard: Shard) -> None:
-        """Fresh links for every shard of the dataset (matched by object name, so a reordered list is fine)."""
-        self.stats["refreshed"] += 1
-        fresh = {object_name(u): u for u in self._listing(release_id, shard.dataset)}
-        if set(fresh) != {s.object for s in shards}:
-            raise _fail(f"release {release_id}, dataset {shard.dataset}: the fresh file list names other objects "
-                        "than the first one; the release changed under the download")
-        for s in shards:
-            s.url = fresh[s.object]
+    def _refresh(self, release_id: str, shards: list[Shard], shard: Shard, stale_url: str) -> None:
+        """Fresh links for every shard of the dataset (matched by object name, so a reordered list is fine); a
+        worker whose link another worker has refreshed meanwhile just takes the new one."""
+        with self._refresh_lock:
+            if shard.url != stale_url:
+                return
+            self._count("refreshed")
+            fresh = {object_name(u): u for u in self._listing(release_id, shard.dataset)}
+            if set(fresh) != {s.object for s in shards}:
+                raise _fail(f"release {release_id}, dataset {shard.dataset}: the fresh file list names other "
+                            "objects than the first one; the release changed under the download")
+            for s in shards:
+                s.url = fresh[s.object]
 
     def _adopt(self, shard: Shard) -> dict | None:
         """A finished file not in the manifest (a run killed between the rename and the manifest write)."""
@@ -396,20 +466,24 @@ class Downloader:
                 "sha256": sha, "downloaded": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
     # -- one shard
-    def _fetch(self, shard: Shard, release_id: str, shards: list[Shard], n_files: int) -> dict:
+    def _fetch(self, shard: Shard, shards: list[Shard], release_id: str) -> dict:
+        """Download one shard to its final name (runs on a worker thread); returns its manifest record."""
         dest = self.out / shard.file
         part = dest.with_name(dest.name + ".part")
-        label = f"{shard.file} ({shard.object}, {shard.index + 1}/{n_files})"
+        label = f"{shard.file} ({shard.object}, {shard.index + 1}/{len(shards)})"
         refreshed, failures, best, gzip_retry = False, 0, -1, False
         while True:
+            if self._stop.is_set():
+                raise _Stopped()
+            url = shard.url
             try:
-                self._attempt(shard, part, label, f"{shard.dataset} {shard.index + 1}/{n_files}")
+                self._attempt(shard, url, part, label)
             except _Expired as exc:
                 if refreshed:
                     raise _fail(f"{label}: the download link was refused again after a fresh file list "
                                 f"({exc}); rerun later to resume") from None
                 logger.warning("%s: link refused (%s); fetching fresh links", label, exc)
-                self._refresh(release_id, shards, shard)
+                self._refresh(release_id, shards, shard, url)
                 refreshed = True
                 continue
             except _Retry as exc:
@@ -425,7 +499,7 @@ class Downloader:
                 wait = (exc.wait if exc.wait is not None else 0.0 if progressed else
                         self.api.client.backoff(failures - 1))
                 logger.warning("%s: %s; retrying in %.1f s", label, exc.reason, wait)
-                time.sleep(wait)
+                self._stop.wait(wait)
                 continue
             try:
                 sha = check_gzip(part)
@@ -439,10 +513,10 @@ class Downloader:
                 continue
             os.replace(part, dest)
             _meta(part).unlink(missing_ok=True)
-            self.stats["downloaded"] += 1
+            self._count("downloaded")
             return self._record(shard, dest, sha)
 
-    def _attempt(self, shard: Shard, part: Path, label: str, desc: str) -> None:
+    def _attempt(self, shard: Shard, url: str, part: Path, label: str) -> None:
         """One GET of the shard into ``part`` (resumed with Range when part and its size record exist). Returns
         when the part holds exactly the object's bytes; raises :class:`_Retry` / :class:`_Expired` otherwise."""
         state = _read_meta(part)
@@ -455,7 +529,7 @@ class Downloader:
             headers["Range"] = f"bytes={have}-"
         logger.debug("%s: GET %s", label, headers.get("Range", "from the start"))  # never the link: a credential
         try:
-            resp = self.session.get(shard.url, headers=headers, stream=True, timeout=(15.0, self.timeout),
+            resp = self.session.get(url, headers=headers, stream=True, timeout=(15.0, self.timeout),
                                     allow_redirects=True)
         except TRANSIENT_ERRORS as exc:
             raise _Retry(f"no answer ({self._safe(exc)})") from None
@@ -482,15 +556,15 @@ class Downloader:
                         or (state.get("etag") and etag and etag != state["etag"])):
                     _drop(part)
                     raise _Retry("the resumed answer is of another object or range; starting the shard again", 0.0)
-                self.stats["resumed"] += 1
+                self._count("resumed")
                 logger.info("%s: resuming at byte %d of %s", label, have, total if total is not None else "?")
-                self._stream(resp, part, "ab", have, total, desc)
+                self._stream(resp, part, "ab", total)
             elif status == 200:
                 total = _int_header(resp, "Content-Length")
                 if have:
                     logger.info("%s: the server ignores Range; downloading the shard again", label)
                 _write_meta(part, {"object": shard.object, "bytes": total, "etag": resp.headers.get("ETag")})
-                self._stream(resp, part, "wb", 0, total, desc)
+                self._stream(resp, part, "wb", total)
             elif status == 404:
                 raise _fail(f"{label}: the download link answers 404 (object not found)", 404)
             else:
@@ -504,29 +578,23 @@ class Downloader:
             raise _fail(f"{label}: size mismatch: {size} bytes written, the server announced {expected}; the "
                         "partial file was removed")
 
-    def _stream(self, resp: requests.Response, part: Path, mode: str, start: int, total: int | None,
-                desc: str) -> None:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total, initial=start, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
-                   disable=not self.progress, leave=False, mininterval=1.0)
-        try:
-            with open(part, mode) as fh:
-                try:
-                    for block in resp.raw.stream(CHUNK, decode_content=False):
-                        fh.write(block)
-                        bar.update(len(block))
-                        self.stats["bytes"] += len(block)
-                except (urllib3.exceptions.HTTPError, *TRANSIENT_ERRORS, ConnectionError, TimeoutError) as exc:
-                    # a broken connection; a full disk (OSError from write) is not retried
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                    raise _Retry(f"the answer broke off at {fh.tell()} of {total if total is not None else '?'} "
-                                 f"bytes ({type(exc).__name__})") from None
+    def _stream(self, resp: requests.Response, part: Path, mode: str, total: int | None) -> None:
+        with open(part, mode) as fh:
+            try:
+                for block in resp.raw.stream(CHUNK, decode_content=False):
+                    fh.write(block)
+                    self._count("bytes", len(block))
+                    if self._bar is not None:
+                        self._bar.update(len(block))
+                    if self._stop.is_set():
+                        raise _Stopped()
+            except (urllib3.exceptions.HTTPError, *TRANSIENT_ERRORS, ConnectionError, TimeoutError) as exc:
+                # a broken connection; a full disk (OSError from write) is not retried
+                raise _Retry(f"the answer broke off at {fh.tell()} of {total if total is not None else '?'} "
+                             f"bytes ({type(exc).__name__})") from None
+            finally:  # whatever came is on disk before anyone resumes from it
                 fh.flush()
                 os.fsync(fh.fileno())
-        finally:
-            bar.close()
 
     def _safe(self, exc: BaseException) -> str:
         return _safe(f"{type(exc).__name__}: {exc}", self.api.secrets)
@@ -649,6 +717,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dataset names (default: %(default)s)")
     d.add_argument("--out", required=True, help="folder for this release (manifest.json + <dataset>/ shards)")
     d.add_argument("--shards", type=int, default=None, help="only the first N shards of each dataset (a trial)")
+    d.add_argument("--workers", type=int, default=2,
+                   help="shards downloaded at once; one's gzip check overlaps another's download (default: "
+                        "%(default)s)")
     d.add_argument("--no_progress", action="store_true", help="hide the progress bar")
     _api_args(d)
     ls = sub.add_parser("list", help="list the releases, or the datasets of --release")
@@ -685,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {d.get('name')}: {' '.join(str(d.get('description') or '').split())[:100]}")
         return 0
     summary = download(api, args.release, args.datasets, args.out, max_shards=args.shards,
-                       progress=not args.no_progress, timeout=args.timeout)
+                       progress=not args.no_progress, timeout=args.timeout, workers=args.workers)
     parts = [f"{n} {d['shards']}/{d['release_files']} shards ({d['bytes'] / 1e6:.1f} MB)"
              for n, d in summary["datasets"].items()]
     print(f"release {summary['release_id']}: {', '.join(parts)}; {summary['downloaded']} downloaded now, "
