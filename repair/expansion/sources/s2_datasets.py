@@ -139,7 +139,8 @@ class DatasetsApi:
             if self.key_source is None:
                 raise _fail(f"the S2 API refused a request without a key ({exc.status}) on {path}: dataset "
                             f"links need an API key (--key_file FILE or ${KEY_ENV})", exc.status) from None
-            raise _fail(f"the S2 API refused the key in {self.key_source} ({exc.status}); check that the key is "
+            which = "the key" if len(self.secrets) == 1 else f"each of the {len(self.secrets)} keys"
+            raise _fail(f"the S2 API refused {which} in {self.key_source} ({exc.status}); check that the key is "
                         "current (the key itself is not shown)", exc.status) from None
         return None if resp.status == 404 else resp.data
 
