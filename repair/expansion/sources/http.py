@@ -316,7 +316,9 @@ class ApiClient:
     def _msg(self, text: str) -> str:
         return scrub(text, self.keys.secrets + self.extra_secrets)
 
-    def _backoff(self, attempt: int) -> float:
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait before retry ``attempt`` (0-based): doubling from ``backoff_base`` up to
+        ``backoff_max``, with jitter; public so that a client's own download loop (s2_datasets) waits alike."""
         wait = min(self.backoff_max, self.backoff_base * (2 ** attempt))
         return wait * (1.0 + self.jitter * self._rng.random())
 
@@ -370,7 +372,7 @@ class ApiClient:
                         "connection failed" if isinstance(exc, requests.ConnectionError) else
                         f"answer broken off ({type(exc).__name__})")
                 last_error, last_status = f"{kind} (timeout {self.timeout:g} s) on {path}", None
-                wait = self._backoff(attempt)
+                wait = self.backoff(attempt)
                 logger.warning("%s: %s; attempt %d/%d%s", self.service, self._msg(last_error), attempt + 1,
                                self.max_retries + 1, self._next_step(attempt, wait))
                 if attempt < self.max_retries:
@@ -388,7 +390,7 @@ class ApiClient:
                     last_error, last_status = f"answer on {path} is not JSON: {resp.text[:120]!r}", status
                     if attempt < self.max_retries:
                         self.stats["retries"] += 1
-                        time.sleep(self._backoff(attempt))
+                        time.sleep(self.backoff(attempt))
                     continue
                 if cache_key is not None and status in self.cache_statuses:
                     self.cache.put(self.service, cache_key, {"status": status, "data": payload,
@@ -420,7 +422,7 @@ class ApiClient:
                 if retry_after is not None and retry_after > self.max_retry_after:
                     raise SourceError(self.service, status, f"asks to wait {retry_after:.0f} s (more than "
                                       f"{self.max_retry_after:.0f} s); giving up for now: {message}")
-                wait = retry_after if retry_after is not None else self._backoff(attempt)
+                wait = retry_after if retry_after is not None else self.backoff(attempt)
                 if status == 429:
                     self.keys.cooldown(index, wait)
                 logger.warning("%s: HTTP %d (%s); attempt %d/%d%s", self.service, status, message, attempt + 1,
