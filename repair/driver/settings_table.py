@@ -110,7 +110,8 @@ SETTINGS: tuple[Setting, ...] = (
        "hf generator's engine (05, 06c, 09b): hf = transformers; ct2 = CTranslate2 int8 on a copy converted once "
        "beside the model (docs/generators.md; falls back to hf when ctranslate2 is not installed)", "choice",
        choices=("hf", "ct2")),
-    _s("OPENAI_URL", "Expansion (Stage II)", "", "OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama)", "special",
+    _s("OPENAI_URL", "Expansion (Stage II)", "", "OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama); several servers of one model "
+       "comma-separated: requests spread over them, a failed one goes to another (issue 42)", "special",
        result=False, shown_default="$OPENAI_BASE_URL"),
     _s("OPENAI_EXTRA", "Expansion (Stage II)", "",
        "JSON object merged into every OpenAI-compatible request, e.g. llama.cpp's '{\"repeat_penalty\": 1.2}' (then "
