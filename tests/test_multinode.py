@@ -128,3 +128,22 @@ def test_07_on_two_nodes_writes_the_single_process_embedding_dir(tiny_model_dir,
                                       np.load(tmp_path / "one" / f"{name}.sha1.npy"))
         np.testing.assert_allclose(np.load(tmp_path / "two" / f"{name}.npy"),
                                    np.load(tmp_path / "one" / f"{name}.npy"), atol=1e-6)
+
+
+def test_shared_cache_waits_for_shards_another_node_writes_late(tmp_path):
+    """07's ranks exchange vectors through the embedding cache; on a network filesystem another node's shard can
+    appear in a listing late: the reader waits for it, and names the shared-folder requirement if it never comes."""
+    import threading
+
+    from repair.encoding import EmbeddingCache
+
+    reader, writer = EmbeddingCache(tmp_path, "fp"), EmbeddingCache(tmp_path, "fp")
+    keys = [b"a" * 40, b"b" * 40]
+    late = threading.Timer(0.6, writer.put, args=(keys, np.ones((2, 3), dtype=np.float32)))
+    late.start()
+    reader.wait_for(keys, timeout=30)
+    late.join()
+    np.testing.assert_array_equal(reader.get(keys), np.ones((2, 3), dtype=np.float32))
+    with pytest.raises(RuntimeError, match="still not visible after 0.6 s; every node of a multi-node run must "
+                                           "share this folder"):
+        reader.wait_for([b"c" * 40], timeout=0.6)
