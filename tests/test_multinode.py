@@ -147,3 +147,59 @@ def test_shared_cache_waits_for_shards_another_node_writes_late(tmp_path):
     with pytest.raises(RuntimeError, match="still not visible after 0.6 s; every node of a multi-node run must "
                                            "share this folder"):
         reader.wait_for([b"c" * 40], timeout=0.6)
+
+
+FAKE_SRUN = '''#!{python}
+"""srun as a test stand-in: --ntasks=N copies of the command, SLURM_NODEID/SLURM_PROCID 0..N-1, side by side."""
+import os, subprocess, sys
+args = sys.argv[1:]
+with open({log!r}, "a") as fh:
+    fh.write(" ".join(args) + "\\n")
+flags = []
+while args and args[0].startswith("--"):
+    flags.append(args.pop(0))
+tasks = int(next(f.split("=")[1] for f in flags if f.startswith("--ntasks=")))
+procs = [subprocess.Popen(args, env={{**os.environ, "SLURM_NODEID": str(i), "SLURM_PROCID": str(i)}})
+         for i in range(tasks)]
+sys.exit(max(p.wait() for p in procs))
+'''
+
+
+def test_driver_inside_a_2_node_slurm_job_runs_10_and_07_on_both_nodes(tiny_model_dir, tmp_path):
+    """run_repair.sh in a fake 2-node Slurm job (SLURM_* variables, a fake scontrol naming this host first and an
+    srun that starts its tasks here): 07 and 10 run as srun -> torchrun --nnodes 2 over both "nodes", the rest on
+    node 0; the run finishes with 2-rank training and a 2-rank embedding dir."""
+    from test_driver import driver_env, make_corpus, reply_for
+
+    from helpers_sources import FakeServer, openai_route
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    srun_log = tmp_path / "srun.log"
+    (bin_dir / "srun").write_text(FAKE_SRUN.format(python=sys.executable, log=str(srun_log)))
+    (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$1 $2 $3" = "show hostnames n[1-2]" ] && '
+                                      'printf "localhost\\nn2\\n"\n')
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    data = make_corpus(tmp_path / "matsci")
+    with FakeServer(openai_route(reply_for, model="fake-generator")) as server:
+        env = driver_env(tmp_path, tiny_model_dir, data, server.url, "run")
+        env = {k: v for k, v in env.items() if k not in ("NNODES", "NPROC", "NODE_RANK", "MASTER_ADDR")}
+        env.update(ITERS="1", EVAL_DATA="", PATH=f"{bin_dir}:{env['PATH']}", SLURM_JOB_ID="77", SLURM_NNODES="2",
+                   SLURM_JOB_NODELIST="n[1-2]", SLURM_NODEID="0", MASTER_PORT=str(free_port()))
+        proc = subprocess.run(["bash", str(ROOT / "run_repair.sh")], env=env, capture_output=True, text=True,
+                              cwd=ROOT, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = tmp_path / "run"
+    assert "training and 07: torchrun on 2 nodes x 1 processes = 2 ranks, rendezvous localhost:" in proc.stdout
+    launches = srun_log.read_text().splitlines()
+    assert len(launches) == 2 and [("07_embed_candidates.py" in l, "10_train_lora.py" in l) for l in launches] == [
+        (True, False), (False, True)]
+    for name in ("iter1.07_embed", "iter1.10_train"):
+        cmd = (run / "logs" / f"{name}.cmd").read_text().split()
+        assert cmd[:6] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                           sys.executable]
+        assert cmd[cmd.index("--rdzv_endpoint") + 1] == f"localhost:{env['MASTER_PORT']}"
+    assert read_json(run / "iter1" / "differentiation" / "embeddings" / "meta.json")["processes"] == 2
+    assert read_json(run / "iter1" / "adapter" / "training_args.json")["world_size"] == 2
+    assert (run / "iter1" / "adapter" / "adapter_model.safetensors").exists()
