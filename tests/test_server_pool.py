@@ -99,7 +99,7 @@ def test_a_server_dying_mid_run_costs_its_requests_not_the_run(servers, monkeypa
 def test_judge_over_two_servers_one_dying_gives_the_one_server_probabilities(servers, tmp_path, monkeypatch):
     """06d's path: one-token requests with logprobs through the same pool."""
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    a = servers("a")
+    a, b = servers("a", "--delay", "0.05"), servers("b", "--delay", "0.05")
     triples = [(f"query {i}", f"Title {i}", f"Abstract about item {i} and its properties.") for i in range(16)]
 
     def probabilities(url: str, cache: str) -> list[float]:
@@ -108,6 +108,8 @@ def test_judge_over_two_servers_one_dying_gives_the_one_server_probabilities(ser
         return [r["p_yes"] for r in judge.probabilities(triples)]
 
     one = probabilities(a.url, "one.jsonl")
+    assert probabilities(f"{a.url},{b.url}", "ab.jsonl") == one
+    assert b.stats()["max_in_flight"] == 2 and a.stats()["max_in_flight"] == 2  # 2 per server, both kept busy
     dying = servers("dying", "--die_after", "3")
     assert probabilities(f"{dying.url},{a.url}", "two.jsonl") == one
     assert len(set(one)) > 8

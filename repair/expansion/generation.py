@@ -137,6 +137,7 @@ class OpenAIGenerator:
         self.client = ServerPool(clients, per_server=self.concurrency, attempts=len(urls) * (max_retries + 1),
                                  backoff_base=backoff_base)
         self.base_url = self.client.base_url
+        self.parallel = self.concurrency * self.client.size  # threads that keep every server's slots busy
         self.send_repetition_penalty = send_repetition_penalty
         self.extra_body = dict(extra_body or {})
         self.model_name = model or os.environ.get(OPENAI_MODEL_ENV) or self._served_model()
@@ -178,7 +179,7 @@ class OpenAIGenerator:
         """``n`` completions per prompt (grouped by prompt); prompt ``i`` is sampled with seed ``seed + i*n``."""
         sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature if do_sample else 0.0,
                     "top_p": top_p, "repetition_penalty": repetition_penalty}
-        with ThreadPoolExecutor(max_workers=self.concurrency * self.client.size) as pool:
+        with ThreadPoolExecutor(max_workers=self.parallel) as pool:
             results = list(pool.map(lambda ip: self._complete(ip[1], n, seed + ip[0] * n, sampling),
                                     enumerate(prompts)))
         return [text for group in results for text in group]
