@@ -12,6 +12,11 @@
 #   bash run_repair.sh                    # offline demo (PROFILE=demo: SmolLM2-135M, shipped SciFact slice), ~15 min on 2 CPU cores
 #   PROFILE=demo-tiny bash run_repair.sh  # smaller demo, ~4 min (DEMO=tiny is the same)
 #   sbatch run_repair.sh                  # on a Slurm node (the #SBATCH lines above; edit or override them)
+#   sbatch --nodes=2 --gres=gpu:4 --export=ALL,NPROC=4 run_repair.sh
+#                                         # 2 nodes x 4 GPUs (issue 42): the driver and the one-process steps (01-06,
+#                                         # 08, 09, 09b, eval) run on the first node; 10's training and 07's encoding
+#                                         # run on all 8 GPUs: srun starts one torchrun per node, meeting at the first
+#                                         # node (NNODES = $SLURM_NNODES; OUT_DIR on a filesystem both nodes share)
 #   MODEL=Qwen/Qwen2.5-0.5B TRAIN_DATA=seed.pt EVAL_DATA="nfcorpus:ir:/data/nfcorpus" OUT_DIR=runs/q05 bash run_repair.sh
 #   bash run_repair.sh --help             # this text and every setting with its default
 #
@@ -49,6 +54,17 @@ fi
 # validate every setting (types, ranges, enums, paths), compare with $OUT_DIR/settings.json, then take them
 SETTINGS_SH=$(settings_py resolve) || exit $?
 eval "$SETTINGS_SH"
+
+# the launch line of the rank-parallel steps (10, 07): one process, torchrun on this node, or torchrun on NNODES
+# nodes (srun inside Slurm); built and checked by repair/driver/launch.py (issue 42)
+LAUNCH_SH=$(NNODES="$NNODES" NPROC="$NPROC" NODE_RANK="$NODE_RANK" MASTER_ADDR="$MASTER_ADDR" MASTER_PORT="$MASTER_PORT" \
+  "$PYTHON" -m repair.driver.launch shell --python "$PYTHON") || exit 2
+eval "$LAUNCH_SH"
+if [[ "$NODE_RANK" != 0 ]]; then
+  echo "run_repair.sh runs on node 0 only (NODE_RANK=$NODE_RANK): on the other nodes start each rank-parallel step's" \
+    "\$OUT_DIR/logs/<step>.peer.cmd, which node 0's driver writes and names" >&2
+  exit 2
+fi
 
 PP=$(printf '%02d' "$PCT")
 mkdir -p "$OUT_DIR/logs" "$OUT_DIR/.state"
@@ -102,6 +118,7 @@ GEN_ROUND=${GEN_ROUND:-$(( T0_SIZE > 16 ? T0_SIZE : 16 ))}
 say "REPAIR run in $OUT_DIR: MODEL=$MODEL ITERS=$ITERS |T0|=$T0_SIZE PCT=$PCT SOURCE=$SOURCE NEGATIVES=$NEGATIVES"
 if [[ "$GENERATOR" == hf ]]; then GEN_TEXT="$GEN_MODEL ($GEN_BACKEND, GEN_ADAPTER=$GEN_ADAPTER)"; else GEN_TEXT="openai server ${OPENAI_URL:-\$OPENAI_BASE_URL}"; fi
 say "retriever: $MODEL${ADAPTER:+ + $ADAPTER}; generator: $GEN_TEXT; T0: $TRAIN_DATA [$TRAIN_SPLIT]"
+say "training and 07: $LAUNCH_TEXT"
 if [[ -n "$PROFILE_NAME" ]]; then
   say "profile $PROFILE_NAME ($PROFILE_FILE): $PROFILE_ABOUT"
 fi
@@ -114,9 +131,21 @@ eval_step() {  # eval_step NAME OUT_JSON [--adapter DIR]
     --max_length "$MAX_LENGTH" --batch_size "$BATCH_SIZE" --cache_dir "$EMB_CACHE" "${DEVICE_FLAG[@]}" --output "$out"
 }
 
+# dist_step NAME OUTPUT_PATH SCRIPT ARGS...: a rank-parallel step (10, 07) as step() runs it, under LAUNCH. Several
+# nodes outside Slurm: the other nodes' line goes to $LOGS/NAME.peer.cmd, to start there by hand (the step waits in
+# torchrun's rendezvous until every node has joined)
+dist_step() {
+  local name=$1 output=$2; shift 2
+  if [[ ${#LAUNCH_PEER[@]} -gt 0 && ( "$FORCE" == 1 || ! -f "$STATE/$name.done" ) ]]; then
+    { printf 'cd %q && PYTHONPATH=%q TOKENIZERS_PARALLELISM=false ' "$HERE" "$PYTHONPATH"
+      printf '%q ' "${LAUNCH_PEER[@]}" "$@"; echo; } > "$LOGS/$name.peer.cmd"
+    say "note  $name needs the other $((NNODES - 1)) node(s): on each, run  bash $LOGS/$name.peer.cmd"
+  fi
+  step "$name" "$output" "${LAUNCH[@]}" "$@"
+}
+
 # ------------------------------------------------------------------------------------------ training (one command)
 FT=(); [[ "$FULL_FINETUNE" == 1 ]] && FT=(--full_finetune)
-LAUNCH=("$PYTHON"); [[ "$NPROC" -gt 1 ]] && LAUNCH=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC")
 # ITER_STEPS=t0: every training takes the steps plain fine-tuning on T0 takes (T0_STEPS, computed with the settings:
 # EPOCHS x ceil(|T0| / GLOBAL_BATCH)); the trainer then stops at --max_steps whatever the triplets add (issue 16's
 # equal-steps budget)
@@ -139,7 +168,7 @@ train_step() {
     [[ -n "$PREV_TRAINING" ]] && steps+=(--continue_from "$PREV_TRAINING")
   fi
   # shellcheck disable=SC2086
-  step "$name" "" "${LAUNCH[@]}" "$HERE/training/10_train_lora.py" --model "$CUR_MODEL" "${init[@]}" "${FT[@]}" \
+  dist_step "$name" "" "$HERE/training/10_train_lora.py" --model "$CUR_MODEL" "${init[@]}" "${FT[@]}" \
     "$@" --num_hard_negatives "$NUM_HARD_NEG" \
     --output_dir "$out" --epochs "$EPOCHS" --lr "$LR" --temperature "$TEMPERATURE" --global_batch_size "$GLOBAL_BATCH" \
     --mini_batch_size "$MINI_BATCH" --max_length "$MAX_LENGTH" --qem_lambda "$QEM_LAMBDA" --qem_tau "$QEM_TAU" --warmup_ratio "$WARMUP_RATIO" \
@@ -271,7 +300,9 @@ for ((k = 1; k <= ITERS; k++)); do
   S3_IN=(); [[ "$EXPANSION" == 1 ]] && S3_IN=("$EXPJ")
   [[ "$CONFUSED_TUPLES" == 1 ]] && S3_IN+=("$CONFJ")
   FN_FLAGS=(); [[ -n "$FN_PCT" ]] && FN_FLAGS+=(--fn_pct "$FN_PCT"); [[ -n "$FN_MARGIN" ]] && FN_FLAGS+=(--fn_margin "$FN_MARGIN")
-  step "iter$k.07_embed" "$DIF/embeddings" "$PYTHON" "$HERE/differentiation/07_embed_candidates.py" --input_jsonl "${S3_IN[@]}" \
+  # one node: 07 spawns its NPROC workers itself; several: torchrun's ranks on every node (rank 0 writes the dir)
+  EMBED=(step "iter$k.07_embed" "$DIF/embeddings" "$PYTHON"); [[ "$NNODES" -gt 1 ]] && EMBED=(dist_step "iter$k.07_embed" "$DIF/embeddings")
+  "${EMBED[@]}" "$HERE/differentiation/07_embed_candidates.py" --input_jsonl "${S3_IN[@]}" \
     --output_dir "$DIF/embeddings" --num_gpus "$NPROC" --model "$CUR_MODEL" "${AFLAG[@]}" --max_length "$MAX_LENGTH" \
     --batch_size "$BATCH_SIZE" --cache_dir "$EMB_CACHE" "${DEVICE_FLAG[@]}"
   step "iter$k.08_hardneg" "" "$PYTHON" "$HERE/differentiation/08_hard_negative_selection.py" --input_jsonl "${S3_IN[@]}" \

@@ -144,6 +144,23 @@ class EmbeddingCache:
                 self._index.setdefault(key, (shard_id, row))
             self._seen.add(keys_file.name)
 
+    def wait_for(self, keys: Iterable[bytes], timeout: float) -> None:
+        """Refresh until every key is present: the shards other ranks wrote may show up late on a network
+        filesystem whose directory listings are cached (NFS: up to a minute), the usual case with several nodes
+        (issue 42). Raises a clear error when they never do (a run folder the nodes do not share)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        missing = [k for k in keys if k not in self._index]
+        while missing:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"{self.dir}: {len(missing)} vectors other ranks wrote are still not visible after "
+                                   f"{timeout:g} s; every node of a multi-node run must share this folder "
+                                   f"(OUT_DIR / --cache_dir on a shared filesystem)")
+            time.sleep(0.5)
+            self.refresh()
+            missing = [k for k in missing if k not in self._index]
+
     def __len__(self) -> int:
         return len(self._index)
 
@@ -396,10 +413,11 @@ class Retriever:
             if cache is not None:
                 cache.put(fresh_keys, np.stack(fresh_vecs) if fresh_vecs else np.empty((0, 0)))
         if cache is not None:
+            order = list(unique)
             if world > 1:
                 torch.distributed.barrier()
                 cache.refresh()
-            order = list(unique)
+                cache.wait_for(order, float(os.environ.get("REPAIR_SHARED_FS_WAIT", "180")))
             table = dict(zip(order, cache.get(order)))
             vectors.update(table)
         out = np.stack([vectors[k] for k in keys]).astype(np.float32, copy=False)

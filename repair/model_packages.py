@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from repair.data import file_sha256
+from repair.data import file_sha256, write_json
 from repair.runtime import cache_root, free_port
 
 logger = logging.getLogger(__name__)
@@ -236,9 +236,8 @@ def _verified_before(path: Path, model: PackagedGGUF) -> bool:
 
 def _write_verified(path: Path, model: PackagedGGUF) -> None:
     sidecar = path.with_name(path.name + ".verified.json")
-    tmp = sidecar.with_name(sidecar.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"sha256": model.sha256, "stamp": _stamp(path), "pip": model.pip}))
-    os.replace(tmp, sidecar)
+    # the one atomic writer: its temp name is unique across hosts (a pid is not: two nodes of a run, issue 42)
+    write_json(sidecar, {"sha256": model.sha256, "stamp": _stamp(path), "pip": model.pip})
 
 
 def gguf_path(alias: str | PackagedGGUF, cache_dir: str | os.PathLike | None = None) -> Path:

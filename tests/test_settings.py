@@ -54,7 +54,13 @@ def test_every_numeric_enum_and_path_setting_is_checked_with_its_name():
     assert problems_for({**base, "GROUNDING": "mp"}) == ["GROUNDING=mp needs a Materials Project key in $MP_API_KEY"]
     assert problems_for({**base, "GROUNDING": "mp", "MP_API_KEY": "k"}) == []
     assert problems_for({**base, "OPENAI_URL": "localhost:8000"}) == [
-        "OPENAI_URL must be an http(s):// URL, got 'localhost:8000'"]
+        "OPENAI_URL must be an http(s):// URL (several servers: comma-separated), got 'localhost:8000'"]
+    # several servers (issue 42): each URL is checked, and named without its credentials
+    assert problems_for({**base, "OPENAI_URL": "http://a:8000/v1,http://b:8000/v1"}) == []
+    assert problems_for({**base, "OPENAI_URL": "http://a:8000/v1, ftp://u:pw@b:21/v1"}) == [
+        "OPENAI_URL must be an http(s):// URL (several servers: comma-separated), got 'ftp://b:21/v1'"]
+    assert problems_for({**base, "NNODES": "0"}) == ["NNODES must be >= 1, got 0"]
+    assert problems_for({**base, "MASTER_PORT": "70000"}) == ["MASTER_PORT must be in 1..65535, got 70000"]
     # several bad values: every one is reported at once, not the first only
     many = problems_for({**base, "PCT": "150", "EPOCHS": "1.5", "TOP_K": "3", "CONSISTENCY_K": "5"})
     assert many == ["PCT must be in 1..100, got 150", "EPOCHS must be an integer, got '1.5'",
@@ -198,6 +204,12 @@ def test_the_record_carries_no_url_credentials(tmp_path):
     text = (tmp_path / RECORD_FILE).read_text()
     assert "s3cret" not in text and "abc" not in text
     assert json.loads(text)["settings"]["OPENAI_URL"] == "https://llm.example:8443/v1"
+    # several servers: every one recorded without its credentials
+    env["OPENAI_URL"] = f"{url},http://u2:pw2@node2:8000/v1"
+    check_and_record(tmp_path, resolve(env, ROOT).values, force=True)
+    text = (tmp_path / RECORD_FILE).read_text()
+    assert "s3cret" not in text and "pw2" not in text
+    assert json.loads(text)["settings"]["OPENAI_URL"] == "https://llm.example:8443/v1,http://node2:8000/v1"
 
 
 def test_help_lists_profiles_and_their_real_values():

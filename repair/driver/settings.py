@@ -29,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 from repair.data import write_json
 from repair.driver.settings_table import SETTINGS, Setting
 from repair.expansion.relevance_judge import DEFAULT_JUDGE_MODEL
+from repair.expansion.server_pool import split_urls
 from repair.models import check_adapter_weights, check_model_name
 from repair.training.config import CAUSALNEG_QEM_LAMBDA, TrainConfig, epoch_steps
 
@@ -349,8 +350,10 @@ def validate(resolved: Resolved, environ: Mapping[str, str], check_installed: bo
             extra = exc
         if not isinstance(extra, dict):
             bad("OPENAI_EXTRA", f"OPENAI_EXTRA must be a JSON object, got {v['OPENAI_EXTRA']!r}")
-    if v["OPENAI_URL"] and urlsplit(v["OPENAI_URL"]).scheme not in ("http", "https"):
-        bad("OPENAI_URL", f"OPENAI_URL must be an http(s):// URL, got {_without_credentials(v['OPENAI_URL'])!r}")
+    for url in split_urls(v["OPENAI_URL"]) if v["OPENAI_URL"].strip() else []:  # several servers: comma-separated
+        if urlsplit(url).scheme not in ("http", "https"):
+            bad("OPENAI_URL", f"OPENAI_URL must be an http(s):// URL (several servers: comma-separated), got "
+                              f"{_without_credentials(url)!r}")
     if "TOP_K" in numbers and "CONSISTENCY_K" in numbers and numbers["TOP_K"] < numbers["CONSISTENCY_K"]:
         bad("TOP_K", f"TOP_K ({v['TOP_K']}) must be >= CONSISTENCY_K ({v['CONSISTENCY_K']}): 09 decides "
                      f"rank(d+) <= kappa from 08's top-k list")
@@ -412,7 +415,7 @@ def record_of(values: Mapping[str, str]) -> dict[str, object]:
                 specs.append(f"{head}{sep}{_absolute(path)}")
             out[s.name] = " ".join(specs)
         elif s.name == "OPENAI_URL":
-            out[s.name] = _without_credentials(value)
+            out[s.name] = ",".join(_without_credentials(u) for u in split_urls(value)) if value.strip() else value
         else:
             out[s.name] = value
     return out

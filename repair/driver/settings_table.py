@@ -58,8 +58,17 @@ SETTINGS: tuple[Setting, ...] = (
        "flag", result=False),
     _s("PYTHON", "Run", "", "interpreter", result=False, shown_default=".venv/bin/python if present, else python3"),
     _s("DEVICE", "Run", "", "cpu | cuda | cuda:N | mps", "special", result=False, shown_default="auto"),
-    _s("NPROC", "Run", "1", "processes for torchrun (training) and for 07's encoding; >1 is opt-in multi-GPU",
-       "int", 1, result=False),
+    _s("NPROC", "Run", "1", "processes per node for torchrun (training) and for 07's encoding; >1 is opt-in "
+       "multi-GPU", "int", 1, result=False),
+    _s("NNODES", "Run", "", "nodes of training and 07 (torchrun's c10d rendezvous; inside Slurm srun starts one "
+       "launcher per node; OUT_DIR must be on a filesystem every node shares; repair/driver/launch.py)", "int", 1,
+       result=False, shown_default="$SLURM_NNODES, else 1"),
+    _s("NODE_RANK", "Run", "", "this node's number (the driver runs on node 0; outside Slurm node 0 hosts the "
+       "rendezvous)", "int", 0, result=False, shown_default="$SLURM_NODEID, else 0"),
+    _s("MASTER_ADDR", "Run", "", "rendezvous host of a multi-node step (outside Slurm: required when NNODES > 1)",
+       result=False, shown_default='first name of scontrol show hostnames "$SLURM_JOB_NODELIST"'),
+    _s("MASTER_PORT", "Run", "", "rendezvous port", "int", 1, 65535, result=False,
+       shown_default="29500 + $SLURM_JOB_ID % 1000, else 29500"),
     _s("SEED", "Run", "42", "seed of training (init, dropout, data order) and, unless GEN_SEED is given, of "
        "generation", "int", 0),
     _s("GEN_SEED", "Run", "", "seed of what the LLM steps write (05, 06c, 09b: examples drawn, sampling); fixed, runs "
@@ -101,7 +110,8 @@ SETTINGS: tuple[Setting, ...] = (
        "hf generator's engine (05, 06c, 09b): hf = transformers; ct2 = CTranslate2 int8 on a copy converted once "
        "beside the model (docs/generators.md; falls back to hf when ctranslate2 is not installed)", "choice",
        choices=("hf", "ct2")),
-    _s("OPENAI_URL", "Expansion (Stage II)", "", "OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama)", "special",
+    _s("OPENAI_URL", "Expansion (Stage II)", "", "OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama); several servers of one model "
+       "comma-separated: requests spread over them, a failed one goes to another (issue 42)", "special",
        result=False, shown_default="$OPENAI_BASE_URL"),
     _s("OPENAI_EXTRA", "Expansion (Stage II)", "",
        "JSON object merged into every OpenAI-compatible request, e.g. llama.cpp's '{\"repeat_penalty\": 1.2}' (then "

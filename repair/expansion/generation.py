@@ -27,6 +27,7 @@ from typing import Any
 
 from repair.expansion.local_llm import Prompt, format_prompt, load_generation_tokenizer, merge_adapter
 from repair.models import DEFAULT_MODEL
+from repair.expansion.server_pool import ServerPool, split_urls
 from repair.expansion.sources.http import ApiClient, KeyPool, load_keys
 
 logger = logging.getLogger(__name__)
@@ -110,6 +111,9 @@ OPENAI_URL_ENV, OPENAI_MODEL_ENV, OPENAI_KEY_ENV = "OPENAI_BASE_URL", "OPENAI_MO
 class OpenAIGenerator:
     """``POST {base_url}/chat/completions`` on any OpenAI-compatible server; one request per prompt.
 
+    ``base_url`` may name several servers serving the same model (comma-separated, issue 42): requests spread over
+    them, ``concurrency`` in flight on each, a failed one goes to another (:class:`repair.expansion.server_pool.ServerPool`).
+
     ``extra_body`` is merged into each request (e.g. ``{"repetition_penalty": 1.2}``, understood by vLLM,
     or ``{"repeat_penalty": 1.2}`` for llama.cpp); the official API rejects unknown fields, so
     ``repetition_penalty`` is only sent when ``send_repetition_penalty`` is true. A server that ignores
@@ -121,15 +125,19 @@ class OpenAIGenerator:
     def __init__(self, base_url: str | None = None, model: str | None = None, *, api_key_env: str = OPENAI_KEY_ENV,
                  timeout: float = 120.0, max_retries: int = 3, backoff_base: float = 1.0, concurrency: int = 4,
                  send_repetition_penalty: bool = True, extra_body: dict | None = None):
-        base_url = base_url or os.environ.get(OPENAI_URL_ENV) or "http://127.0.0.1:8000/v1"
+        urls = split_urls(base_url or os.environ.get(OPENAI_URL_ENV) or "http://127.0.0.1:8000/v1")
         keys = load_keys(None, api_key_env)
-        self.client = ApiClient("openai-compatible", base_url, keys=KeyPool(keys, None, "openai-compatible",
-                                                                            f"${api_key_env}"),
-                                auth_header="Authorization", auth_prefix="Bearer ", timeout=timeout,
-                                max_retries=max_retries, backoff_base=backoff_base, cache=None,
-                                passthrough_statuses=(), key_env=api_key_env)
-        self.base_url = base_url
+        # several servers: each client tries once and the pool sends a failed request to another server
+        clients = [ApiClient("openai-compatible", url, keys=KeyPool(keys, None, "openai-compatible",
+                                                                    f"${api_key_env}"),
+                             auth_header="Authorization", auth_prefix="Bearer ", timeout=timeout,
+                             max_retries=max_retries if len(urls) == 1 else 0, backoff_base=backoff_base,
+                             cache=None, passthrough_statuses=(), key_env=api_key_env) for url in urls]
         self.concurrency = max(1, concurrency)
+        self.client = ServerPool(clients, per_server=self.concurrency, attempts=len(urls) * (max_retries + 1),
+                                 backoff_base=backoff_base)
+        self.base_url = self.client.base_url
+        self.parallel = self.concurrency * self.client.size  # threads that keep every server's slots busy
         self.send_repetition_penalty = send_repetition_penalty
         self.extra_body = dict(extra_body or {})
         self.model_name = model or os.environ.get(OPENAI_MODEL_ENV) or self._served_model()
@@ -171,7 +179,7 @@ class OpenAIGenerator:
         """``n`` completions per prompt (grouped by prompt); prompt ``i`` is sampled with seed ``seed + i*n``."""
         sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature if do_sample else 0.0,
                     "top_p": top_p, "repetition_penalty": repetition_penalty}
-        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+        with ThreadPoolExecutor(max_workers=self.parallel) as pool:
             results = list(pool.map(lambda ip: self._complete(ip[1], n, seed + ip[0] * n, sampling),
                                     enumerate(prompts)))
         return [text for group in results for text in group]
@@ -229,12 +237,14 @@ def add_generator_args(parser, default_model_help: str = f"{DEFAULT_MODEL}, the 
                    help="hf: wrap prompts in the tokenizer's chat template (auto: when it has one)")
     g.add_argument("--trust_remote_code", action="store_true", help="hf: allow model code from the model folder")
     g.add_argument("--openai_url", default=None,
-                   help="openai: base URL incl. /v1 (default: $OPENAI_BASE_URL or http://127.0.0.1:8000/v1); "
-                        "the key is read from $OPENAI_API_KEY")
+                   help="openai: base URL incl. /v1, or several servers of one model comma-separated (requests "
+                        "spread over them; a failed one goes to another) (default: $OPENAI_BASE_URL or "
+                        "http://127.0.0.1:8000/v1); the key is read from $OPENAI_API_KEY")
     g.add_argument("--openai_no_repetition_penalty", action="store_true",
                    help="openai: do not send repetition_penalty (the official API rejects it; vLLM accepts it)")
     g.add_argument("--openai_extra", default=None, help="openai: JSON object merged into every request body")
-    g.add_argument("--concurrency", type=int, default=4, help="openai: parallel requests (default: %(default)s)")
+    g.add_argument("--concurrency", type=int, default=4,
+                   help="openai: requests in flight per server (default: %(default)s)")
 
 
 def add_sampling_args(parser, max_new_tokens: int = DEFAULT_SAMPLING["max_new_tokens"]) -> None:

@@ -210,7 +210,7 @@ class RelevanceJudge:
 
     def _compute(self, keys: list[str], prompts: list[str]) -> list[dict]:
         if getattr(self.generator, "backend", "") == "openai":
-            with ThreadPoolExecutor(max_workers=getattr(self.generator, "concurrency", 1)) as pool:
+            with ThreadPoolExecutor(max_workers=getattr(self.generator, "parallel", 1)) as pool:
                 answers = list(pool.map(lambda p: openai_yes_probability(self.generator, p), prompts))
             return [{"key": k, "p_yes": round(p, 6), "from": src, "answer": ans}
                     for k, (p, src, ans) in zip(keys, answers)]
