@@ -32,6 +32,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sqlite3
 import sys
 import time
@@ -191,6 +192,9 @@ def input_kind(path: Path) -> str:
     return JSONL
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _clean(text: Any) -> str:
     """A stored/indexed text: stripped, capped (:data:`MAX_TEXT_CHARS`), lone surrogates (valid JSON, not UTF-8)
     replaced so the engine and every later JSONL writer accept it."""
@@ -202,8 +206,8 @@ def _clean(text: Any) -> str:
     text = text.strip()
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "replace").decode("utf-8")
+    except UnicodeEncodeError:  # JSON's "\ud800" decodes to a lone surrogate: U+FFFD, as a UTF-8 decoder would
+        text = _SURROGATE.sub("\ufffd", text)
     return text
 
 
@@ -449,6 +453,9 @@ def build_index(inputs: list[str | Path], index_dir: str | Path, *, threads: int
         index_dir.mkdir(parents=True, exist_ok=True)
         manifest = _new_manifest()
         write_json(index_dir / MANIFEST, manifest)
+    if (index_dir / ENGINE_DIR / "meta.json").exists():  # a killed build: did its last commit land?
+        _reconcile(index_dir, manifest, _open_engine(index_dir / ENGINE_DIR, create=False))
+        write_json(index_dir / MANIFEST, manifest)
     done, todo = _identify(files, manifest)
     stats = {"index": str(index_dir), "inputs": len(done) + len(todo), "inputs_done_before": len(done), "added": 0,
              "skipped": 0, "abstracts_loaded": 0, "papers_without_abstract": 0}
@@ -465,7 +472,6 @@ def build_index(inputs: list[str | Path], index_dir: str | Path, *, threads: int
         raise LiteratureIndexError(f"{index_dir}: cannot write the index ({' '.join(str(exc).split())[:200]}); is another "
                           "build running on it?") from None
     writer.garbage_collect_files()  # segments a killed build wrote and never committed
-    _reconcile(index_dir, manifest, index)
     manifest["complete"] = False
     write_json(index_dir / MANIFEST, manifest)
     done_kinds = {e["kind"] for e in manifest["inputs"]}
@@ -529,7 +535,8 @@ def _index_file(writer, inp: Input, ord0: int, amap: AbstractsMap | None, bar) -
     """Add one input's papers (``ord`` numbered from ``ord0``); (added, skipped, without abstract)."""
     import tantivy
 
-    crash_after = os.environ.get("REPAIR_LITERATURE_TEST_CRASH_AFTER")  # tests: die mid-file, uncommitted
+    # tests only: die (uncommitted) once the index would hold that many papers, as a kill would
+    crash_after = int(os.environ.get("REPAIR_LITERATURE_TEST_CRASH_AFTER", "0")) - ord0
     papers = iter_s2_papers(inp.path, amap) if inp.kind == S2_PAPERS else iter_jsonl_papers(inp.path)
     added = skipped = no_abstract = 0
     for paper in papers:
@@ -545,7 +552,7 @@ def _index_file(writer, inp: Input, ord0: int, amap: AbstractsMap | None, bar) -
         no_abstract += not paper["abstract"]
         if added % 1024 == 0:
             bar.update(1024)
-        if crash_after and added == int(crash_after):
+        if added == crash_after:
             os._exit(17)
     bar.update(added % 1024)
     return added, skipped, no_abstract
