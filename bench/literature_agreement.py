@@ -27,7 +27,7 @@ from repair.expansion.sources.local_corpus import LocalCorpus
 
 def find_queries(corpus: Path, generated: str | None, runs: Path) -> tuple[list[str], str]:
     """(queries, where they came from)."""
-    files = [Path(generated)] if generated else sorted(runs.glob("**/expansion/generated*.jsonl")) if runs.exists() else []
+    files = [Path(generated)] if generated else sorted(runs.glob("**/expansion/generated*.jsonl"))
     queries = [cap_query(r["query"]) for f in files for r in iter_jsonl(f, optional={"query": str}) if r.get("query")]
     if queries:
         return queries, f"05 queries of a recorded run ({', '.join(str(f) for f in files)})"
@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                   "threads": args.threads},
     }
     print(f"queries: {len(queries)} from {origin}", file=sys.stderr)
-    print(f"top-1 identical: {result['top1_identical']:.1%} of {len(both)} queries with hits in both; mean top-{args.k} "
-          f"overlap {result['mean_topk_overlap']:.1%}", file=sys.stderr)
+    print(f"top-1 identical: {result['top1_identical']:.1%} of {len(both)} queries with hits in both; "
+          f"mean top-{args.k} overlap {result['mean_topk_overlap']:.1%}", file=sys.stderr)
     print(json.dumps(result))
     return 0
 

@@ -46,21 +46,9 @@ class DataError(ValueError):
 
 
 # ---------------------------------------------------------------------------------------------- JSONL IO
-def is_gzip(path: str | os.PathLike) -> bool:
-    """Whether a file starts with the gzip magic bytes (a downloaded shard need not be named ``*.gz``)."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(2) == b"\x1f\x8b"
-    except OSError:
-        return False
-
-
 def open_text(path: str | os.PathLike, mode: str = "rt"):
-    """A UTF-8 text file; gzip when named ``*.gz`` or, for reading, when its first bytes say so (issue 41: S2
-    Datasets shards)."""
     path = str(path)
-    gz = path.endswith(".gz") or (mode.startswith("r") and is_gzip(path))
-    return (gzip.open if gz else open)(path, mode, encoding="utf-8")
+    return (gzip.open if path.endswith(".gz") else open)(path, mode, encoding="utf-8")
 
 
 def _type_name(tp: Any) -> str:

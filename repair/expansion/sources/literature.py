@@ -2,11 +2,12 @@
 verification source 06 searches in it (issue 41, DESIGN 7).
 
 ``build_index`` streams BEIR folders (``corpus.jsonl[.gz]``), ``{id, title, abstract}`` JSONL(.gz) and Semantic
-Scholar Datasets release shards (``papers`` + ``abstracts``, gzipped JSONL joined on ``corpusid``) into
-``<index>/tantivy``; no corpus is ever held in memory. The S2 join loads the ``abstracts`` shards first into a
-disk-backed map (``<index>/s2_abstracts.sqlite``, one transaction per shard) and looks each ``papers`` record's
-abstract up there: memory stays at sqlite's page cache whatever the release size (10^8 abstracts), at the price
-of disk (the map holds the abstracts zlib-compressed; delete it once no ``papers`` shard is left to add).
+Scholar Datasets release shards (``papers`` + ``abstracts``, gzipped JSONL joined on ``corpusid``; read by
+:mod:`repair.expansion.sources.literature_inputs`) into ``<index>/tantivy``; no corpus is ever held in memory.
+The S2 join loads the ``abstracts`` shards first into a disk-backed map (``<index>/s2_abstracts.sqlite``, one
+transaction per shard) and looks each ``papers`` record's abstract up there: memory stays at sqlite's page cache
+whatever the release size (10^8 abstracts), at the price of disk (the map holds the abstracts zlib-compressed;
+delete it once no ``papers`` shard is left to add).
 Resumable per input file: each file is one tantivy commit, and ``manifest.json`` records the commit it expects
 (``pending``) before making it, so a killed build knows on restart whether that file's commit landed (the
 index's document count says) and redoes only the unfinished file. Building again with the same inputs does
@@ -32,19 +33,15 @@ import argparse
 import json
 import logging
 import os
-import re
-import sqlite3
-import sys
 import time
-import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
-from repair.data import DataError, file_sha256, iter_jsonl, numbered_lines, read_json, write_json
+from repair.data import DataError, file_sha256, read_json, write_json
 from repair.expansion.sources.base import Paper, as_int
-from repair.text import char_budget
+from repair.expansion.sources.literature_inputs import (MAX_TEXT_CHARS, S2_ABSTRACTS, S2_PAPERS, AbstractsMap, Input,
+                                                        expand_inputs, input_kind, iter_jsonl_papers, iter_s2_papers)
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +57,6 @@ STOPWORDS_EN = ("a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "
                 "not", "of", "on", "or", "such", "that", "the", "their", "then", "there", "these", "they", "this",
                 "to", "was", "will", "with")
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"  # bm25s.tokenize's default
-# A title or abstract is cut to this many characters before it is stored or analysed (the project's character
-# cap, repair.text.char_budget, at 4096 tokens: ~400k characters, far beyond any abstract), so one 50 MB line
-# costs the build its JSON parse and no more.
-MAX_TEXT_CHARS = char_budget(4096)
 K1, B = 1.2, 0.75  # tantivy's BM25 constants (not settable)
 ANALYZER = {"tokenizer": "regex", "pattern": TOKEN_PATTERN, "filters": ["lowercase", "stopwords"],
             "stopwords": list(STOPWORDS_EN), "stemmer": None, "text": "title + ' ' + abstract",
@@ -71,10 +64,6 @@ ANALYZER = {"tokenizer": "regex", "pattern": TOKEN_PATTERN, "filters": ["lowerca
 BM25 = {"k1": K1, "b": B, "idf": "ln(1 + (N - df + 0.5) / (df + 0.5))", "length": "tantivy field-norm code",
         "reported_score": "tantivy score / (1 + k1): Lucene's and bm25s' scale"}
 HEAP_MB_PER_THREAD = 256  # tantivy's indexing buffer per thread (its minimum is ~15 MB)
-S2_PAPERS, S2_ABSTRACTS, JSONL = "s2_papers", "s2_abstracts", "jsonl"
-JSONL_OPTIONAL = {"_id": (str, int), "id": (str, int), "title": str, "abstract": str, "text": str, "doi": str,
-                  "year": (int, str), "venue": str, "url": str}
-S2_PAPERS_OPTIONAL = {"title": str, "externalids": dict, "year": (int, str), "venue": str, "url": str}
 
 
 class LiteratureIndexError(DataError):
@@ -121,191 +110,6 @@ def _schema():
     return sb.build()
 
 
-# ------------------------------------------------------------------------------------------ inputs
-@dataclass
-class Input:
-    """One input file of a build, with what identifies it."""
-
-    path: Path
-    kind: str = ""
-    sha256: str = ""
-
-    def stat_key(self) -> tuple[int, int]:
-        st = self.path.stat()
-        return st.st_size, st.st_mtime_ns
-
-
-def expand_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
-    """The files of the inputs, in order: a BEIR folder gives its ``corpus.jsonl[.gz]``, another folder all its
-    JSONL / gzip files (recursively, sorted by path: a downloaded S2 release folder), a file itself."""
-    from repair.data import is_gzip
-
-    files: list[Path] = []
-    for item in inputs:
-        path = Path(item).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: input not found")
-        if path.is_file():
-            files.append(path)
-            continue
-        beir = [path / n for n in ("corpus.jsonl", "corpus.jsonl.gz") if (path / n).exists()]
-        if beir:
-            files.append(beir[0])
-            continue
-        found = sorted(p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
-                       p.relative_to(path).parts) and (p.name.endswith((".jsonl", ".jsonl.gz", ".gz")) or is_gzip(p)))
-        if not found:
-            raise FileNotFoundError(f"{path}: no corpus.jsonl[.gz] and no JSONL or gzip file in this folder")
-        files.extend(found)
-    return files
-
-
-def _first_record(path: Path) -> tuple[int, dict] | None:
-    for lineno, line in numbered_lines(path):
-        if line.strip():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                from repair.data import json_error
-
-                raise json_error(f"{path}:{lineno}", exc) from None
-            if not isinstance(record, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
-            return lineno, record
-    return None
-
-
-def input_kind(path: Path) -> str:
-    """``s2_papers`` (has ``corpusid`` and ``title``), ``s2_abstracts`` (``corpusid`` and ``abstract``, no title)
-    or ``jsonl`` (BEIR / ``{id, title, abstract}``), from the file's first record."""
-    first = _first_record(path)
-    if first is None:
-        return JSONL
-    _, rec = first
-    if "corpusid" in rec:
-        if "title" in rec:
-            return S2_PAPERS
-        if "abstract" in rec:
-            return S2_ABSTRACTS
-        raise DataError(f"{path}:{first[0]}: a Semantic Scholar record (corpusid) with neither 'title' (papers "
-                        "dataset) nor 'abstract' (abstracts dataset)")
-    return JSONL
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _clean(text: Any) -> str:
-    """A stored/indexed text: stripped, capped (:data:`MAX_TEXT_CHARS`), lone surrogates (valid JSON, not UTF-8)
-    replaced so the engine and every later JSONL writer accept it."""
-    if not text:
-        return ""
-    text = str(text)
-    if len(text) > MAX_TEXT_CHARS:
-        text = text[:MAX_TEXT_CHARS]
-    text = text.strip()
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # JSON's "\ud800" decodes to a lone surrogate: U+FFFD, as a UTF-8 decoder would
-        text = _SURROGATE.sub("\ufffd", text)
-    return text
-
-
-def _paper_record(pid: Any, title: Any, abstract: Any, doi: Any = None, year: Any = None, venue: Any = None,
-                  url: Any = None) -> dict:
-    rec = {"id": str(pid), "title": _clean(title), "abstract": _clean(abstract)}
-    for key, value in (("doi", doi), ("venue", venue), ("url", url)):
-        if value:
-            rec[key] = _clean(value)
-    if as_int(year) is not None:
-        rec["year"] = as_int(year)
-    return rec
-
-
-def iter_jsonl_papers(path: Path) -> Iterator[dict | None]:
-    """Papers of a BEIR corpus / ``{id, title, abstract}`` JSONL; None for a record with neither title nor text."""
-    for lineno, rec in iter_jsonl(path, optional=JSONL_OPTIONAL, with_lineno=True):
-        pid = rec.get("id", rec.get("_id"))
-        if pid is None:
-            raise DataError(f"{path}:{lineno}: missing field 'id' (or '_id')")
-        abstract = rec.get("abstract") if rec.get("abstract") is not None else rec.get("text")
-        paper = _paper_record(pid, rec.get("title"), abstract, rec.get("doi"), rec.get("year"), rec.get("venue"),
-                              rec.get("url"))
-        yield paper if (paper["title"] or paper["abstract"]) else None
-
-
-def iter_s2_papers(path: Path, abstracts: "AbstractsMap | None", batch: int = 1024) -> Iterator[dict | None]:
-    """Papers of an S2 ``papers`` shard, each with its abstract from the ``abstracts`` map (looked up a batch at a
-    time); DOI from ``externalids.DOI``, year and venue kept."""
-    pending: list[tuple[int, dict]] = []
-
-    def flush() -> Iterator[dict | None]:
-        found = abstracts.get_many([cid for cid, _ in pending]) if abstracts else {}
-        for cid, rec in pending:
-            ext = rec.get("externalids") or {}
-            paper = _paper_record(cid, rec.get("title"), found.get(cid), ext.get("DOI") or ext.get("doi"),
-                                  rec.get("year"), rec.get("venue"), rec.get("url"))
-            yield paper if (paper["title"] or paper["abstract"]) else None
-        pending.clear()
-
-    for rec in iter_jsonl(path, required={"corpusid": int}, optional=S2_PAPERS_OPTIONAL):
-        pending.append((rec["corpusid"], rec))
-        if len(pending) >= batch:
-            yield from flush()
-    yield from flush()
-
-
-class AbstractsMap:
-    """corpusid -> abstract on disk (sqlite, zlib-compressed text): the S2 join without the papers or abstracts in
-    memory. A shard is loaded in one transaction that also records its sha256, so a killed load is redone whole."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.db = sqlite3.connect(str(path))
-        self.db.execute("PRAGMA cache_size = -65536")  # 64 MB of page cache, whatever the map's size
-        self.db.execute("CREATE TABLE IF NOT EXISTS abstracts (corpusid INTEGER PRIMARY KEY, abstract BLOB)")
-        self.db.execute("CREATE TABLE IF NOT EXISTS loaded (sha256 TEXT PRIMARY KEY, path TEXT, records INTEGER)")
-        self.db.commit()
-
-    def loaded(self) -> dict[str, tuple[str, int]]:
-        return {sha: (path, n) for sha, path, n in self.db.execute("SELECT sha256, path, records FROM loaded")}
-
-    def load(self, shard: Input, bar=None, chunk: int = 4096) -> int:
-        n = 0
-        rows: list[tuple[int, bytes]] = []
-        with self.db:  # one transaction: the shard and its 'loaded' row land together or not at all
-            for rec in iter_jsonl(shard.path, required={"corpusid": int}, optional={"abstract": str}):
-                text = _clean(rec.get("abstract"))
-                if not text:
-                    continue
-                rows.append((rec["corpusid"], zlib.compress(text.encode("utf-8"), 1)))
-                if len(rows) >= chunk:
-                    self.db.executemany("INSERT OR REPLACE INTO abstracts VALUES (?, ?)", rows)
-                    n += len(rows)
-                    if bar is not None:
-                        bar.update(len(rows))
-                    rows.clear()
-            self.db.executemany("INSERT OR REPLACE INTO abstracts VALUES (?, ?)", rows)
-            n += len(rows)
-            if bar is not None:
-                bar.update(len(rows))
-            self.db.execute("INSERT OR REPLACE INTO loaded VALUES (?, ?, ?)", (shard.sha256, str(shard.path), n))
-        return n
-
-    def get_many(self, ids: list[int]) -> dict[int, str]:
-        out: dict[int, str] = {}
-        for i in range(0, len(ids), 900):  # under sqlite's bound-parameter limit
-            part = ids[i:i + 900]
-            marks = ",".join("?" * len(part))
-            for cid, blob in self.db.execute(f"SELECT corpusid, abstract FROM abstracts WHERE corpusid IN ({marks})",
-                                             part):
-                out[cid] = zlib.decompress(blob).decode("utf-8")
-        return out
-
-    def close(self) -> None:
-        self.db.close()
-
-
 # ------------------------------------------------------------------------------------------ manifest
 def _new_manifest() -> dict:
     version, index_format = engine_version()
@@ -314,7 +118,7 @@ def _new_manifest() -> dict:
 
 
 def read_manifest(index_dir: str | os.PathLike) -> dict:
-    """The manifest of a built index; :class:`LiteratureIndexError` (one line) when there is none or it is unreadable."""
+    """The manifest of a built index; :class:`LiteratureIndexError` (one line) when it is missing or unreadable."""
     path = Path(index_dir) / MANIFEST
     if not Path(index_dir).is_dir():
         raise LiteratureIndexError(f"{index_dir}: no such literature index folder (build one with: python -m "
@@ -325,7 +129,8 @@ def read_manifest(index_dir: str | os.PathLike) -> dict:
     try:
         manifest = read_json(path)
     except (DataError, UnicodeDecodeError) as exc:
-        raise LiteratureIndexError(f"{path}: corrupt index manifest ({' '.join(str(exc).split())}); rebuild the index") from None
+        raise LiteratureIndexError(f"{path}: corrupt index manifest ({' '.join(str(exc).split())}); rebuild the "
+                                   "index") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("inputs"), list):
         raise LiteratureIndexError(f"{path}: corrupt index manifest (not an index manifest object); rebuild the index")
     return manifest
@@ -337,8 +142,8 @@ def check_compatible(manifest: dict, where: str | os.PathLike) -> None:
     version, index_format = engine_version()
     engine = manifest.get("engine") or {}
     if manifest.get("format") != FORMAT:
-        raise LiteratureIndexError(f"{where}: index format {manifest.get('format')!r}, this code reads {FORMAT!r}; rebuild the "
-                          "index into a new folder")
+        raise LiteratureIndexError(f"{where}: index format {manifest.get('format')!r}, this code reads {FORMAT!r}; "
+                                   "rebuild the index into a new folder")
     if engine.get("name") != ENGINE or engine.get("index_format") != index_format:
         raise LiteratureIndexError(f"{where}: built by {engine.get('name')} {engine.get('version')} (index format "
                           f"{engine.get('index_format')}), this reader is {ENGINE} {version} (index format "
@@ -348,8 +153,8 @@ def check_compatible(manifest: dict, where: str | os.PathLike) -> None:
             theirs = manifest.get(key) or {}
             diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k)) if isinstance(
                 theirs, dict) else [key]
-            raise LiteratureIndexError(f"{where}: built with another {key} (differs in {', '.join(diff)}); rebuild the index "
-                              "into a new folder")
+            raise LiteratureIndexError(f"{where}: built with another {key} (differs in {', '.join(diff)}); rebuild "
+                                       "the index into a new folder")
     if engine.get("version") != version:
         logger.info("%s: built by tantivy %s, read by %s (same index format %s)", where, engine.get("version"),
                     version, index_format)
@@ -371,8 +176,9 @@ def _open_engine(folder: Path, create: bool):
         else:
             index = tantivy.Index.open(str(folder))
     except (ValueError, OSError) as exc:
-        raise LiteratureIndexError(f"{folder}: the index cannot be opened ({' '.join(str(exc).split())[:300]}); the index is "
-                          "damaged: rebuild it into a new folder") from None
+        reason = " ".join(str(exc).split())[:300]
+        raise LiteratureIndexError(f"{folder}: the index cannot be opened ({reason}); the index is damaged: rebuild "
+                                   "it into a new folder") from None
     index.register_tokenizer(TOKENIZER_NAME, _analyzer())
     return index
 
@@ -423,8 +229,8 @@ def _reconcile(index_dir: Path, manifest: dict, index) -> None:
         manifest["papers"] = count
         logger.info("%s: the last build committed %s before it stopped; kept", index_dir, pending["entry"]["path"])
     elif count != manifest["papers"]:
-        raise LiteratureIndexError(f"{index_dir}: the index holds {count} papers, its manifest says {manifest['papers']}; the "
-                          "index is damaged: rebuild it into a new folder")
+        raise LiteratureIndexError(f"{index_dir}: the index holds {count} papers, its manifest says "
+                                   f"{manifest['papers']}; the index is damaged: rebuild it into a new folder")
     manifest["pending"] = None
 
 
@@ -447,8 +253,8 @@ def build_index(inputs: list[str | Path], index_dir: str | Path, *, threads: int
         manifest = read_manifest(index_dir)
         check_compatible(manifest, index_dir)
     elif index_dir.exists() and any(index_dir.iterdir()):
-        raise LiteratureIndexError(f"{index_dir}: the folder exists and holds no literature index ({MANIFEST}); choose an empty "
-                          "or new --index folder")
+        raise LiteratureIndexError(f"{index_dir}: the folder exists and holds no literature index ({MANIFEST}); "
+                                   "choose an empty or new --index folder")
     else:
         index_dir.mkdir(parents=True, exist_ok=True)
         manifest = _new_manifest()
@@ -469,8 +275,9 @@ def build_index(inputs: list[str | Path], index_dir: str | Path, *, threads: int
         writer = index.writer(heap_size=(heap_mb or HEAP_MB_PER_THREAD * max(1, threads)) * 1_000_000,
                               num_threads=max(1, threads))
     except ValueError as exc:  # another build holds the writer lock
-        raise LiteratureIndexError(f"{index_dir}: cannot write the index ({' '.join(str(exc).split())[:200]}); is another "
-                          "build running on it?") from None
+        reason = " ".join(str(exc).split())[:200]
+        raise LiteratureIndexError(f"{index_dir}: cannot write the index ({reason}); is another build running on "
+                                   "it?") from None
     writer.garbage_collect_files()  # segments a killed build wrote and never committed
     manifest["complete"] = False
     write_json(index_dir / MANIFEST, manifest)
@@ -579,13 +386,13 @@ class LiteratureIndex:
         self.manifest = read_manifest(self.index_dir)
         check_compatible(self.manifest, self.index_dir)
         if self.manifest.get("pending") or not self.manifest.get("complete"):
-            raise LiteratureIndexError(f"{self.index_dir}: the build of this index did not finish; rerun the build command "
-                              "(it resumes)")
+            raise LiteratureIndexError(f"{self.index_dir}: the build of this index did not finish; rerun the build "
+                                       "command (it resumes)")
         self.index = _open_engine(self.index_dir / ENGINE_DIR, create=False)
         self.searcher = self.index.searcher()
         if self.searcher.num_docs != self.manifest["papers"]:
-            raise LiteratureIndexError(f"{self.index_dir}: the index holds {self.searcher.num_docs} papers, its manifest says "
-                              f"{self.manifest['papers']}; the index is damaged: rebuild it")
+            raise LiteratureIndexError(f"{self.index_dir}: the index holds {self.searcher.num_docs} papers, its "
+                                       f"manifest says {self.manifest['papers']}; the index is damaged: rebuild it")
         self._schema = self.index.schema
         self._analyzer = _analyzer()
         self._tantivy = tantivy
@@ -639,7 +446,7 @@ class LiteratureIndex:
 
 def is_literature_index(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a folder holding a built literature index (what 06's ``--corpus`` may name)."""
-    return Path(path).is_dir() and (Path(path) / MANIFEST).exists()
+    return (Path(path).expanduser() / MANIFEST).is_file()
 
 
 # ------------------------------------------------------------------------------------------ command line
