@@ -9,7 +9,7 @@ built by ``build_index`` as a user's corpus would be. Each phase runs in its own
 phase's. ``--compare_bm25s`` also measures today's source (``LocalCorpus``, bm25s in memory) on the same corpus and
 queries. One JSON line per measurement (the fields of docs/results/scale.json).
 
-Example: python bench/literature_index.py --papers 100000 --queries 2000 --compare_bm25s
+Example: python bench/literature_index.py --papers 100000 --queries 2000 --threads 1,2 --compare_bm25s
 """
 
 from __future__ import annotations
@@ -143,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--papers", type=int, default=100_000, help="synthetic papers (default: %(default)s)")
     p.add_argument("--queries", type=int, default=2000, help="05-shaped queries searched (default: %(default)s)")
     p.add_argument("--k", type=int, default=21, help="hits per query: 06's target_k + 1 (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=1, help="tantivy indexing threads (default: %(default)s)")
+    p.add_argument("--threads", default="1",
+                   help="tantivy indexing threads, or a comma list: one build each (the first one is searched) "
+                        "(default: %(default)s)")
+    p.add_argument("--skip_search", action="store_true", help="measure the builds only")
     p.add_argument("--workdir", default=None, help="where the corpus and index go (default: a temp folder, removed)")
     p.add_argument("--compare_bm25s", action="store_true", help="also measure LocalCorpus (bm25s) on the same corpus")
     p.add_argument("--out_json", default=None, help="append the measurements (JSON lines) here")
@@ -159,9 +162,12 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         queries = work / "queries.json"
         queries.write_text(json.dumps(make_queries(corpus, args.queries, args.papers)))
-        index = work / f"index_{args.papers}"
-        rows = run_phase("build", str(corpus), str(index), str(args.threads))
-        rows += run_phase("search", str(index), str(queries), str(args.k))
+        rows = []
+        for i, threads in enumerate(args.threads.split(",")):
+            index = work / f"index_{args.papers}_t{threads}"
+            rows += run_phase("build", str(corpus), str(index), threads)
+            if i == 0 and not args.skip_search:
+                rows += run_phase("search", str(index), str(queries), str(args.k))
         if args.compare_bm25s:
             rows += run_phase("bm25s", str(corpus), str(queries), str(args.k), str(work / "bm25s"))
     for row in rows:
