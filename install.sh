@@ -39,7 +39,7 @@ if [ "${DEV:-1}" = "1" ]; then
   echo "[install] requirements-dev.txt"
   pipq -r requirements-dev.txt
 fi
-python -c "import torch, transformers, peft, faiss, bm25s, pytrec_eval" \
+python -c "import torch, transformers, peft, faiss, bm25s, tantivy, pytrec_eval" \
   || { echo "[install] FAILED: a core dependency does not import" >&2; exit 1; }
 # Convert SmolLM2's GGUF into a plain HF folder once (sha256-checked; ~20 s; reused afterwards).
 python -c "from repair.models import smollm2_folder; print('[install] SmolLM2 folder:', smollm2_folder())"

@@ -268,7 +268,7 @@ for ((k = 1; k <= ITERS; k++)); do
     --expansion "$EXPANSION" --force "$FORCE" --concept_txt "$CONCEPTS" --generated_jsonl "$EXP/generated.bottom_${PP}pct.jsonl" \
     --out_jsonl "$EXPJ" --gen_round "$GEN_ROUND" --max_rounds "$MAX_ROUNDS" --target_valid "$TARGET_VALID" \
     --target_k "$TARGET_K" --seed "$GEN_SEED" --grounding "$GROUNDING" --query_form "$QUERY_FORM" --source "$SOURCE" \
-    --local_corpus "$LOCAL_CORPUS" --s2_key_file "$S2_KEY_FILE" --elsevier_key_file "$ELSEVIER_KEY_FILE" \
+    --local_corpus "$LOCAL_CORPUS" --literature_index "$LITERATURE_INDEX" --s2_key_file "$S2_KEY_FILE" --elsevier_key_file "$ELSEVIER_KEY_FILE" \
     --device "$DEVICE" --python "$PYTHON" "${JUDGE_FLAGS[@]}" -- "${GEN_FLAGS[@]}"
   [[ "$JUDGE" == 1 ]] && EXPJ="$EXP/expansion.judged.bottom_${PP}pct.jsonl"
 

@@ -56,6 +56,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         "(default: %(default)s)")
     p.add_argument("--source", choices=SOURCES, default="local", help="SOURCE of 06 (default: %(default)s)")
     p.add_argument("--local_corpus", default="", help="LOCAL_CORPUS (SOURCE=local)")
+    p.add_argument("--literature_index", default="",
+                   help="LITERATURE_INDEX (SOURCE=local): a built on-disk index 06 searches instead of --local_corpus")
     p.add_argument("--s2_key_file", default="", help="S2_KEY_FILE (SOURCE=semantic_scholar; empty: $S2_API_KEY)")
     p.add_argument("--elsevier_key_file", default="",
                    help="ELSEVIER_KEY_FILE (SOURCE=elsevier; empty: $ELSEVIER_API_KEY)")
@@ -80,6 +82,7 @@ def main(argv: list[str]) -> int:
         out_jsonl=Path(args.out_jsonl), gen_round=args.gen_round, max_rounds=args.max_rounds,
         target_valid=args.target_valid, target_k=args.target_k, seed=args.seed, grounding=args.grounding,
         query_form=args.query_form, source=args.source, local_corpus=args.local_corpus,
+        literature_index=args.literature_index,
         s2_key_file=args.s2_key_file, elsevier_key_file=args.elsevier_key_file, generator_flags=generator_flags,
         device=args.device, judged_jsonl=Path(args.judged_jsonl) if args.judge == 1 else None,
         judge_args=args.judge_args)

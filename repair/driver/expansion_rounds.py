@@ -8,7 +8,7 @@ files, logs and markers), so a killed run resumes the unfinished round and a fin
 stage's marker ``iter{k}.expansion.done`` holds the number of valid tuples.
 
 The driver's settings map to the steps' flags here, not in shell: SOURCE (local | semantic_scholar | elsevier,
-with LOCAL_CORPUS or the key files), QUERY_FORM (``generated`` -> 06 ``--query_form generated``; ``t0`` is a step
+with LOCAL_CORPUS, or LITERATURE_INDEX (issue 41: an on-disk index) in its place, or the key files), QUERY_FORM (``generated`` -> 06 ``--query_form generated``; ``t0`` is a step
 after this one), EXPANSION=0 (skip), FORCE=1 (start the stage over), JUDGE=1 (issue 30: after each 06, step
 ``iter{k}.06d_judge.r{r}`` judges the whole expansion file into ``judged_jsonl``, its judgments cached so each round
 computes only the new tuples', and the rounds count the judged tuples that were kept). Separate from 05 and 06 themselves
@@ -48,6 +48,7 @@ class ExpansionRounds:
     query_form: str  # the driver's QUERY_FORM: title | generated | t0
     source: str  # the driver's SOURCE
     local_corpus: str = ""
+    literature_index: str = ""  # LITERATURE_INDEX: 06 searches this built index instead of local_corpus
     s2_key_file: str = ""
     elsevier_key_file: str = ""
     generator_flags: list[str] = field(default_factory=list)  # 05's --backend/--model/--adapter/--openai_url
@@ -76,7 +77,7 @@ class ExpansionRounds:
         """06 through SOURCE (its corpus or key file), on everything 05 wrote so far, resumed when it exists."""
         cmd = [python, str(scripts / SOURCE_SCRIPTS[self.source])]
         if self.source == "local":
-            cmd += ["--corpus", self.local_corpus]
+            cmd += ["--corpus", self.literature_index or self.local_corpus]
         key_file = {"semantic_scholar": self.s2_key_file, "elsevier": self.elsevier_key_file}.get(self.source)
         if key_file:
             cmd += ["--key_file", key_file]

@@ -30,6 +30,7 @@ from repair.data import write_json
 from repair.driver.settings_table import SETTINGS, Setting
 from repair.expansion.relevance_judge import DEFAULT_JUDGE_MODEL
 from repair.expansion.server_pool import split_urls
+from repair.expansion.sources.literature import is_literature_index
 from repair.models import check_adapter_weights, check_model_name
 from repair.training.config import CAUSALNEG_QEM_LAMBDA, TrainConfig, epoch_steps
 
@@ -325,7 +326,9 @@ def validate(resolved: Resolved, environ: Mapping[str, str], check_installed: bo
         if problem:
             bad("EVAL_DATA", problem)
     train_data_found = bool(v["TRAIN_DATA"]) and Path(v["TRAIN_DATA"]).expanduser().exists()
-    if v["SOURCE"] == "local":
+    if v["LITERATURE_INDEX"] and (v["SOURCE"] != "local" or not is_literature_index(v["LITERATURE_INDEX"])):
+        bad("LITERATURE_INDEX", f"LITERATURE_INDEX needs SOURCE=local and a built index: {v['LITERATURE_INDEX']}")
+    elif v["SOURCE"] == "local" and not v["LITERATURE_INDEX"]:  # issue 41: an index in LOCAL_CORPUS's place
         if not v["LOCAL_CORPUS"] and train_data_found:  # (a missing TRAIN_DATA is the one problem to name)
             bad("LOCAL_CORPUS", "SOURCE=local needs LOCAL_CORPUS (a BEIR folder or JSONL of papers); it defaults "
                                 "to TRAIN_DATA only when that is a folder")

@@ -94,6 +94,10 @@ SETTINGS: tuple[Setting, ...] = (
        choices=("local", "semantic_scholar", "elsevier")),
     _s("LOCAL_CORPUS", "Expansion (Stage II)", "", "BEIR folder or JSONL {id,title,abstract} for SOURCE=local",
        "path", shown_default="TRAIN_DATA when it is a folder"),
+    _s("LITERATURE_INDEX", "Expansion (Stage II)", "",
+       "SOURCE=local: an on-disk literature index 06 verifies against instead of LOCAL_CORPUS (python -m "
+       "repair.expansion.sources.literature build CORPUS... --index DIR; millions of papers)", "path",
+       shown_default="none: LOCAL_CORPUS"),
     _s("S2_KEY_FILE", "Expansion (Stage II)", "", "Semantic Scholar keys, one per line (or $S2_API_KEY)", "file",
        result=False),
     _s("ELSEVIER_KEY_FILE", "Expansion (Stage II)", "",

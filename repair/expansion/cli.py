@@ -63,8 +63,9 @@ def build_parser(source: str) -> argparse.ArgumentParser:
                    help="stop once --out_jsonl holds this many valid tuples (the driver passes 2 x |T0|)")
     p.add_argument("--max_items", type=int, default=None, help="process at most this many items this run")
     p.add_argument("--workers", type=int, default=0,
-                   help="parallel requests; 0 = one per API key (1 for the local corpus); the output does not "
-                        "depend on it (verdicts are written in input order) (default: %(default)s)")
+                   help="parallel requests; 0 = one per API key (1 for a bm25s corpus, up to 4 threads for a "
+                        "literature index); the output does not depend on it (verdicts are written in input order) "
+                        "(default: %(default)s)")
     p.add_argument("--per_item_sleep", "--per_page_sleep", dest="per_item_sleep", type=float, default=0.0,
                    help="extra pause in seconds after each item, on top of the rate limits (default: %(default)s)")
     p.add_argument("--allow_duplicate_positives", action="store_true",
@@ -84,7 +85,9 @@ def build_parser(source: str) -> argparse.ArgumentParser:
                    help="print the number of valid tuples in --out_jsonl and exit (for the 2 x |T0| loop)")
     if source == "local_corpus":
         p.add_argument("--corpus", default=os.environ.get("REPAIR_LOCAL_CORPUS"),
-                       help="BEIR folder (corpus.jsonl[.gz]) or JSONL of {id, title, abstract} "
+                       help="BEIR folder (corpus.jsonl[.gz]) or JSONL of {id, title, abstract} (BM25 in memory, "
+                            "bm25s), or a literature index folder built by python -m "
+                            "repair.expansion.sources.literature build (on disk, tantivy; any size; docs/expansion.md) "
                             "(default: $REPAIR_LOCAL_CORPUS)")
         p.add_argument("--index_dir", default=None,
                        help="where the BM25 index is saved/loaded (default: $REPAIR_CACHE/bm25/<corpus sha256>)")
@@ -146,14 +149,16 @@ def verification_main(source: str, argv: list[str] | None = None) -> int:
     if args.count_only:
         print(json.dumps({"out_jsonl": args.out_jsonl, "valid": count_valid(args.out_jsonl)}))
         return 0
-    workers = args.workers
-    if workers <= 0:
-        workers = 1 if source == "local_corpus" else max(1, len(load_keys(args.key_file, KEY_ENVS[source])))
     if args.mode is None:
         args.mode = "concept" if (args.concept_txt and not args.generated_jsonl) else "query"
     status_path = args.status_jsonl or status_path_for(args.out_jsonl)
     try:
         src = _source_from_args(source, args)
+        workers = args.workers
+        if workers <= 0 and source == "local_corpus":  # the index's engine searches in parallel (GIL released)
+            workers = min(4, os.cpu_count() or 1) if src.name == "literature_index" else 1
+        elif workers <= 0:
+            workers = max(1, len(load_keys(args.key_file, KEY_ENVS[source])))
         if args.mode == "concept":
             if not args.concept_txt:
                 raise SystemExit("--mode concept needs --concept_txt")

@@ -35,13 +35,21 @@ def make_source(name: str, *, api_url: str | None = None, key_file: str | None =
                 view: str = "auto",
                 insttoken: str | None = None, query_mode: str = "keywords", page_limit: int = 100,
                 max_retries: int = 5, backoff_base: float = 1.0) -> LiteratureSource:
-    """Build the literature source ``name`` (one of :data:`SOURCE_NAMES`)."""
+    """Build the literature source ``name`` (one of :data:`SOURCE_NAMES`). For ``local_corpus``, ``corpus`` is a
+    BEIR folder or JSONL (bm25s in memory, small corpora) or a folder built by ``python -m
+    repair.expansion.sources.literature build`` (the on-disk index, any size)."""
     retry = dict(max_retries=max_retries, backoff_base=backoff_base)
     if name == "local_corpus":
+        from repair.expansion.sources.literature import LiteratureIndex, is_literature_index
         from repair.expansion.sources.local_corpus import LocalCorpus
 
         if not corpus:
             raise ValueError("the local corpus source needs a corpus (a BEIR folder or a JSONL of papers)")
+        if is_literature_index(corpus):  # a built on-disk index (issue 41): searched where it is, never copied
+            if index_dir:
+                raise ValueError(f"--index_dir is the bm25s cache of a corpus file; {corpus} is a built literature "
+                                 "index, opened where it is")
+            return LiteratureIndex(corpus, min_score=min_score)
         return LocalCorpus(corpus, index_dir=index_dir, min_score=min_score)
     if name == "semantic_scholar":
         from repair.expansion.sources.semantic_scholar import SemanticScholar
