@@ -3,7 +3,8 @@
 - the seed set T0 from the original ``.pt`` (list of dicts), from JSONL ``{query, positive}`` or from a
   BEIR folder + split;
 - BEIR folders (``corpus.jsonl[.gz]``, ``queries.jsonl[.gz]``, ``qrels/<split>.tsv[.gz]``);
-- a validating JSONL reader whose errors name the file, line and field;
+- a validating JSONL reader whose errors name the file, line and field (the record contract itself:
+  :mod:`repair.records`);
 - an atomic JSONL/JSON writer (temp file + rename), a flushed line appender for resumable stages and the reader
   of what it wrote (a partial last line skipped);
 - the sha256 fingerprint of a file.
@@ -17,9 +18,7 @@ import hashlib
 import io
 import json
 import logging
-import math
 import os
-import re
 import typing
 import uuid
 import zlib
@@ -27,6 +26,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
+
+# the record contract; re-exported: every stage imports DataError and validate_record from here
+from repair.records import DataError, FiniteNumber, check_unicode, json_error, validate_record
 
 logger = logging.getLogger(__name__)
 
@@ -37,13 +39,6 @@ LIST_CONTAINERS = ("data", "items", "records", "examples")
 # the values of ``negative_sources`` (SCHEMAS.md) and the one triplet schema (a line one refuses, all refuse alike).
 MINED, GENERATED = "mined", "generated"
 NEGATIVE_SOURCES = (MINED, GENERATED)
-
-
-class FiniteNumber:
-    """Schema type of a JSON number that must be finite: Python's json reads ``NaN`` and ``Infinity``, and a score
-    that is NaN compares false with everything (issue 44: 09b copied, and 10 accepted, any list as scores)."""
-
-
 TRIPLET_REQUIRED = {"query": str, "pos_document": str}
 # a score per hard negative; null where a negative has none (09b's generated ones)
 TRIPLET_OPTIONAL = {"id": (str, int), "d_neg": str, "hard_negatives": list[str],
@@ -52,97 +47,10 @@ TRIPLET_OPTIONAL = {"id": (str, int), "d_neg": str, "hard_negatives": list[str],
                     "n_candidates": int}
 
 
-class DataError(ValueError):
-    """A malformed input file; the message names the file, the line (when there is one) and the field."""
-
-
 # ---------------------------------------------------------------------------------------------- JSONL IO
 def open_text(path: str | os.PathLike, mode: str = "rt"):
     path = str(path)
     return (gzip.open if path.endswith(".gz") else open)(path, mode, encoding="utf-8")
-
-
-def _type_name(tp: Any) -> str:
-    if tp is FiniteNumber:
-        return "finite number"
-    if tp is type(None):
-        return "null"
-    origin = typing.get_origin(tp)
-    if origin is typing.Union:
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is not None:
-        args = ", ".join(_type_name(a) for a in typing.get_args(tp))
-        return f"{origin.__name__}[{args}]"
-    if isinstance(tp, tuple):
-        return " or ".join(_type_name(t) for t in tp)
-    return getattr(tp, "__name__", str(tp))
-
-
-def _matches(value: Any, tp: Any) -> bool:
-    """isinstance with ``list[X]``/``dict[str, X]`` generics; ints are accepted where floats are expected."""
-    if tp is Any:
-        return True
-    if isinstance(tp, tuple):
-        return any(_matches(value, t) for t in tp)
-    if tp is FiniteNumber:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    origin = typing.get_origin(tp)
-    if origin is typing.Union:
-        return any(_matches(value, t) for t in typing.get_args(tp))
-    if origin in (list, tuple):
-        (item,) = typing.get_args(tp)[:1] or (Any,)
-        return isinstance(value, list) and all(_matches(v, item) for v in value)
-    if origin is dict:
-        _, item = typing.get_args(tp)
-        return isinstance(value, dict) and all(_matches(v, item) for v in value.values())
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, tp)
-
-
-def validate_record(record: Any, where: str, required: dict[str, Any] | None = None,
-                    optional: dict[str, Any] | None = None) -> dict:
-    """Check one decoded JSON object against field types; raise :class:`DataError` naming ``where`` and field."""
-    if not isinstance(record, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    required, optional = required or {}, optional or {}
-    for name, tp in [*required.items(), *optional.items()]:  # an optional field may be absent or null
-        if name not in record and name in required:
-            raise DataError(f"{where}: missing field '{name}'")
-        value = record.get(name)
-        if name in record and (value is not None or name in required) and not _matches(value, tp):
-            raise DataError(f"{where}: field '{name}' must be {_type_name(tp)}, got {type(value).__name__}: "
-                            f"{str(value)[:80]!r}")
-    return record
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def lone_surrogate(value: Any, field: str = "") -> tuple[str, str] | None:
-    """(field, ``\\udXXX``) of the first string in a decoded JSON value that holds a lone UTF-16 surrogate, or None;
-    the field as ``query`` or ``negative_candidates[0].abstract``. JSON can write one (``"\\ud800"``) though no UTF-8
-    text can hold it: it decodes to a Python str that fails only when a tokenizer or a writer encodes it, far from
-    the file and line (issue 44)."""
-    if isinstance(value, str):
-        found = _SURROGATE.search(value)
-        return (field, f"\\u{ord(found.group()):04x}") if found else None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        name = f"{field}[{key}]" if isinstance(key, int) else f"{field}.{key}" if field else key
-        found = lone_surrogate(key, name) if isinstance(key, str) else None
-        found = found or lone_surrogate(item, name)
-        if found:
-            return found
-    return None
-
-
-def json_error(where: str, exc: json.JSONDecodeError) -> DataError:
-    """``where: invalid JSON (<reason> at column N)``; json's reasons that end in "at" do not give "at at column"."""
-    reason = exc.msg.removesuffix(" at")
-    return DataError(f"{where}: invalid JSON ({reason} at column {exc.colno})")
 
 
 def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
@@ -169,8 +77,8 @@ def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
 def iter_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
                optional: dict[str, Any] | None = None, skip_blank: bool = True,
                with_lineno: bool = False, skip_partial_last: bool = False) -> Iterator[Any]:
-    """Yield validated objects from a JSONL file (``.gz`` allowed). Errors name file, line and field; a string holding
-    a lone surrogate (:func:`lone_surrogate`) is refused like a wrong type, so every input is valid Unicode text.
+    """Yield validated objects from a JSONL file (``.gz`` allowed). Errors name file, line and field; text must be
+    valid Unicode (:func:`repair.records.check_unicode`: a ``"\\ud800"`` escape is refused like a wrong type).
 
     ``with_lineno=True`` yields ``(line_number, object)`` so callers that check nested fields themselves can
     name the line too. ``skip_partial_last=True``: a last line without its newline is skipped, not parsed
@@ -192,12 +100,7 @@ def iter_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise json_error(f"{path}:{lineno}", exc) from None
-        if "\\u" in line:  # only an escape can make a lone surrogate: the line itself was read as UTF-8
-            found = lone_surrogate(record)
-            if found:
-                field, escape = found
-                raise DataError(f"{path}:{lineno}: {f'field {field!r}' if field else 'the line'} is not valid Unicode "
-                                f"text: it holds {escape}, half of a UTF-16 surrogate pair")
+        check_unicode(record, f"{path}:{lineno}", line)
         record = validate_record(record, f"{path}:{lineno}", required, optional)
         yield (lineno, record) if with_lineno else record
 

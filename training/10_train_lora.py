@@ -78,7 +78,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--mini_batch_size", type=positive_int, default=_default("mini_batch_size"),
                    help="texts per forward pass in gradient caching: sets memory, not the result "
                         "(default: %(default)s)")
-    g.add_argument("--lr", type=positive_float, default=_default("lr"),
+    g.add_argument("--lr", type=non_negative_float, default=_default("lr"),
                    help="AdamW learning rate (default: %(default)s)")
     g.add_argument("--weight_decay", type=non_negative_float, default=_default("weight_decay"),
                    help="AdamW weight decay, not applied to biases/norms (default: %(default)s)")

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from repair.cli import COUNT_MAX
 from repair.data import write_json
-from repair.driver.settings_table import SETTINGS, Setting
+from repair.driver.settings_table import SETTINGS
 from repair.expansion.relevance_judge import DEFAULT_JUDGE_MODEL
 from repair.models import check_model_name
 from repair.training.config import CAUSALNEG_QEM_LAMBDA, TrainConfig, epoch_steps
@@ -169,14 +169,6 @@ def _where(resolved: Resolved, name: str) -> str:
     return "" if origin in ("environment", "default", "computed") else f" (from {origin})"
 
 
-def _number(s: Setting, value: str) -> tuple[float | None, str | None]:
-    """Parse an int/float setting and check its range (:class:`repair.cli.Range`); (value, problem)."""
-    try:
-        return s.range.parse(value), None
-    except ValueError as exc:
-        return None, f"{s.name} {exc}"
-
-
 def _looks_like_path(value: str) -> bool:
     """A local path rather than a Hugging Face id (``org/name``): absolute, ~, ./ or ../, or 3+ parts."""
     return value.startswith(("/", "~", "./", "../")) or value.count("/") >= 2 or value in (".", "..")
@@ -233,11 +225,10 @@ def validate(resolved: Resolved, environ: Mapping[str, str], check_installed: bo
         if s.kind in ("int", "float"):
             if value == "" and s.shown_default:  # computed later (GEN_ROUND needs |T0|)
                 continue
-            number, problem = _number(s, value)
-            if problem:
-                bad(s.name, problem)
-            else:
-                numbers[s.name] = number
+            try:  # the table's range, checked as the scripts' flag types check theirs (repair.cli.Range)
+                numbers[s.name] = s.range.parse(value)
+            except ValueError as exc:
+                bad(s.name, f"{s.name} {exc}")
         elif s.kind == "flag" and value not in ("0", "1"):
             bad(s.name, f"{s.name} must be 0 or 1, got {value!r}")
         elif s.kind == "choice" and value not in s.choices:
@@ -438,24 +429,20 @@ def training_set_size(train_data: str, split: str) -> int:
 
 
 def derived_counts(values: Mapping[str, str], t0_size: int) -> dict[str, int]:
-    """The counts the driver derives from the settings and |T0|: T0_SIZE, T0_STEPS (ITER_STEPS=t0's budget: the steps
-    EPOCHS passes over T0 alone take, the trainer's own count) and TARGET_VALID (VALID_FACTOR x |T0|, Stage II's
-    goal). Computed here in Python's integers, not in bash, whose int64 arithmetic wraps without a word
-    (VALID_FACTOR=576460752303423488 made a negative target, issue 44); each must fit a script's count flag
-    (:data:`repair.cli.COUNT_MAX`), else :class:`SettingsError` names the settings it comes from."""
+    """T0_SIZE, T0_STEPS (ITER_STEPS=t0's budget, the trainer's count) and TARGET_VALID (VALID_FACTOR x |T0|), in
+    Python's integers: bash's arithmetic wrapped VALID_FACTOR=576460752303423488 into a negative target (issue 44).
+    Each must fit the scripts' count flags (:data:`repair.cli.COUNT_MAX`), else :class:`SettingsError`."""
     t0_steps = epoch_steps(t0_size, int(values["GLOBAL_BATCH"]), int(values["EPOCHS"]))
     counts = {"T0_SIZE": t0_size, "T0_STEPS": t0_steps, "TARGET_VALID": int(values["VALID_FACTOR"]) * t0_size}
     problems = []
     if counts["TARGET_VALID"] > COUNT_MAX:
         problems.append(f"VALID_FACTOR x |T0| (Stage II's target of valid tuples) must be at most {COUNT_MAX}, got "
                         f"{values['VALID_FACTOR']} x {t0_size} = {counts['TARGET_VALID']}")
-    if values["ITER_STEPS"] == "t0":
-        # SCHEDULE=one: the schedule of every training is (WARM_START + ITERS) x T0_STEPS steps long
-        trainings = int(values["ITERS"]) + int(values["WARM_START"]) if values["SCHEDULE"] == "one" else 1
-        if trainings * t0_steps > COUNT_MAX:
-            factor = "(WARM_START + ITERS) x " if values["SCHEDULE"] == "one" else ""
-            problems.append(f"ITER_STEPS=t0: a training's schedule, {factor}EPOCHS x ceil(|T0| / GLOBAL_BATCH) "
-                            f"optimizer steps, must be at most {COUNT_MAX}, got {trainings * t0_steps}")
+    one = values["SCHEDULE"] == "one"  # one schedule of (WARM_START + ITERS) x T0_STEPS steps
+    steps = (int(values["ITERS"]) + int(values["WARM_START"]) if one else 1) * t0_steps
+    if values["ITER_STEPS"] == "t0" and steps > COUNT_MAX:
+        problems.append(f"ITER_STEPS=t0: a training's schedule, {'(WARM_START + ITERS) x ' if one else ''}EPOCHS x "
+                        f"ceil(|T0| / GLOBAL_BATCH) optimizer steps, must be at most {COUNT_MAX}, got {steps}")
     if problems:
         raise SettingsError(problems)
     return counts

@@ -83,7 +83,7 @@ SETTINGS: tuple[Setting, ...] = (
        "special", shown_default="none"),
     _s("EVAL_SPLIT", "Data", "test", "split evaluated on BEIR folders"),
     _s("PCT", "Diagnosis (Stage I)", "30", "bottom percentile of margins = Q_conf", "int", 1, 100),
-    _s("DIA_TOP_K", "Diagnosis (Stage I)", "50", "top-k searched per query for the margin", "int", 1, COUNT_MAX),
+    _s("DIA_TOP_K", "Diagnosis (Stage I)", "50", "top-k searched per query for the margin", "int", 2, COUNT_MAX),
     _s("TOP_NEG_N", "Diagnosis (Stage I)", "30", "D-(q): first non-positive hits per confused query", "int", 1,
        COUNT_MAX),
     _s("EXTRACTOR", "Diagnosis (Stage I)", "regex", "concept extractor", "choice", choices=("regex", "matdetector")),
