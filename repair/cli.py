@@ -31,7 +31,7 @@ DEBUG_ENV = "REPAIR_DEBUG"
 # Exceptions that report bad input or a bad setting, not a bug: "module: class name". Checked through sys.modules
 # so that this module imports none of them (an exception of a module never imported cannot have been raised).
 USER_ERROR_CLASSES = (
-    ("repair.data", "DataError"),                  # malformed input file (names file, line, field)
+    ("repair.records", "DataError"),               # malformed input file (names file, line, field)
     ("repair.diagnosis.margins", "RunMismatchError"),      # a stage's input comes from another run / percentile
     ("repair.expansion.sources.http", "SourceError"),        # an external service refused (bad key, quota)
     ("repair.models", "ModelError"),               # a model name that resolves to nothing

@@ -119,7 +119,7 @@ def test_debug_flag_and_env_show_the_traceback(tmp_path):
     for proc in (run("differentiation/08_hard_negative_selection.py", "--debug", *args),
                  run("differentiation/08_hard_negative_selection.py", *args, env={"REPAIR_DEBUG": "1"})):
         assert proc.returncode == 2, proc.stderr[-2000:]
-        assert "Traceback (most recent call last)" in proc.stderr and "repair.data.DataError" in proc.stderr
+        assert "Traceback (most recent call last)" in proc.stderr and "repair.records.DataError" in proc.stderr
         assert proc.stderr.strip().splitlines()[-1] == f"error: {bad}:1: invalid JSON (Unterminated string " \
                                                        f"starting at column 25)"
     assert "Traceback" not in run("differentiation/08_hard_negative_selection.py", *args).stderr
