@@ -223,8 +223,8 @@ def validate(resolved: Resolved, environ: Mapping[str, str], check_installed: bo
     for s in SETTINGS:
         value = v[s.name]
         if s.kind in ("int", "float"):
-            if value == "" and s.shown_default:  # computed later (GEN_ROUND needs |T0|)
-                continue
+            if (value == "" and s.shown_default) or resolved.origin.get(s.name) == "computed":
+                continue  # computed later (GEN_ROUND needs |T0|), or a copy checked as its source (GEN_SEED = SEED)
             try:  # the table's range, checked as the scripts' flag types check theirs (repair.cli.Range)
                 numbers[s.name] = s.range.parse(value)
             except ValueError as exc:
