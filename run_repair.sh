@@ -112,7 +112,8 @@ step() {
 
 
 
-TARGET_VALID=$((VALID_FACTOR * T0_SIZE))
+# T0_SIZE, T0_STEPS and TARGET_VALID (= VALID_FACTOR x |T0|) come from the settings check, computed and bounded in
+# Python (bash's arithmetic wraps around silently; issue 44)
 GEN_ROUND=${GEN_ROUND:-$(( T0_SIZE > 16 ? T0_SIZE : 16 ))}
 
 say "REPAIR run in $OUT_DIR: MODEL=$MODEL ITERS=$ITERS |T0|=$T0_SIZE PCT=$PCT SOURCE=$SOURCE NEGATIVES=$NEGATIVES"

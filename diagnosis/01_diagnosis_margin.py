@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 
 
-from repair.cli import add_retriever_args, run_script
+from repair.cli import add_retriever_args, bounded_int, percentile, run_script
 from repair.diagnosis.stages import print_summary, run_margins
 from repair.encoding import Retriever
 from repair.runtime import cache_dir_flag, setup_logging
@@ -46,9 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--instruction", default=None,
                    help="query instruction (default: 'Given a query, retrieve passages that are relevant to "
                         "the query.')")
-    p.add_argument("--top_k", type=int, default=50,
+    p.add_argument("--top_k", type=bounded_int(2), default=50,
                    help="hits searched per query over all T0 passages (default: %(default)s)")
-    p.add_argument("--pct", type=int, nargs="+", default=[30],
+    p.add_argument("--pct", type=percentile, nargs="+", default=[30],
                    help="percentile(s) of the margin distribution that define Q_conf, e.g. --pct 30 or "
                         "--pct 10 30 40 (default: %(default)s)")
     p.add_argument("--search_backend", default="auto", choices=["auto", "faiss", "torch"],
@@ -61,8 +61,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--train_pt is required (or set $TRAIN_PT)")
     if not args.out_dir:
         p.error("--out_dir is required (or set $DIA_OUT_DIR)")
-    if args.top_k < 2:
-        p.error("--top_k must be >= 2")
     return args
 
 

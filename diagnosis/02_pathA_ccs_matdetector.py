@@ -23,7 +23,7 @@ import argparse
 
 from repair.diagnosis.concepts import TokenClassificationExtractor
 from repair.diagnosis.margins import PATHA_NER_DIR
-from repair.cli import run_script
+from repair.cli import positive_int, run_script
 from repair.diagnosis.stages import add_pathA_args, check_pathA_args, print_summary, run_pathA
 from repair.runtime import setup_logging
 
@@ -41,8 +41,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--aggregation", default="span", choices=["span", "word"],
                    help="span: B I I words form one entity; word: every tagged word alone (original) "
                         "(default: %(default)s)")
-    p.add_argument("--batch_size", type=int, default=32, help="sentences per forward pass (default: %(default)s)")
-    p.add_argument("--max_length", type=int, default=256,
+    p.add_argument("--batch_size", type=positive_int, default=32,
+                   help="sentences per forward pass (default: %(default)s)")
+    p.add_argument("--max_length", type=positive_int, default=256,
                    help="max sub-tokens per forward row; longer sentences are cut at word boundaries "
                         "(default: %(default)s)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")

@@ -23,7 +23,7 @@ import argparse
 
 from repair.diagnosis.concepts import RegexExtractor
 from repair.diagnosis.margins import PATHA_DIR
-from repair.cli import run_script
+from repair.cli import positive_int, run_script
 from repair.diagnosis.stages import add_pathA_args, check_pathA_args, print_summary, run_pathA
 from repair.runtime import setup_logging
 
@@ -31,7 +31,7 @@ from repair.runtime import setup_logging
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pathA_args(p, PATHA_DIR)
-    p.add_argument("--max_entities_per_doc", type=int, default=200,
+    p.add_argument("--max_entities_per_doc", type=positive_int, default=200,
                    help="keep the first N concepts of a document, in text order (default: %(default)s)")
     args = p.parse_args(argv)
     check_pathA_args(p, args, PATHA_DIR)

@@ -23,14 +23,14 @@ from pathlib import Path
 
 
 from repair.diagnosis.margins import PATHA_DIR, PATHB_DIR
-from repair.cli import run_script
+from repair.cli import non_negative_int, percentile, positive_int, run_script
 from repair.diagnosis.stages import print_summary, run_pathB
 from repair.runtime import pick_device, setup_logging
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pct", type=int, default=30,
+    p.add_argument("--pct", type=percentile, default=30,
                    help="percentile whose confused queries to cluster (default: %(default)s)")
     p.add_argument("--dia_out_dir", default=os.environ.get("DIA_OUT_DIR"),
                    help="folder of 01's outputs (default: $DIA_OUT_DIR)")
@@ -42,20 +42,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"PathA output folder with per_query_neg_concepts (default: <dia_out_dir>/{PATHA_DIR})")
     p.add_argument("--device", default=None,
                    help="cpu | cuda | cuda:N for the 1-NN search (default: cuda when available)")
-    p.add_argument("--levels", type=int, default=1,
+    p.add_argument("--levels", type=non_negative_int, default=1,
                    help="FINCH partitions to compute: 1 = first partition only; 0 = all until FINCH stops "
                         "(default: %(default)s)")
-    p.add_argument("--cinter_level", type=int, default=1,
+    p.add_argument("--cinter_level", type=positive_int, default=1,
                    help="which partition's clusters give C_inter (default: %(default)s, the first)")
-    p.add_argument("--samples", type=int, default=5, help="sample queries stored per cluster (default: %(default)s)")
-    p.add_argument("--chunk", type=int, default=4096, help="queries per 1-NN block (default: %(default)s)")
-    p.add_argument("--doc_chunk", type=int, default=65536, help="neighbours per 1-NN block (default: %(default)s)")
+    p.add_argument("--samples", type=non_negative_int, default=5,
+                   help="sample queries stored per cluster (default: %(default)s)")
+    p.add_argument("--chunk", type=positive_int, default=4096, help="queries per 1-NN block (default: %(default)s)")
+    p.add_argument("--doc_chunk", type=positive_int, default=65536,
+                   help="neighbours per 1-NN block (default: %(default)s)")
     p.add_argument("--log_level", default="INFO", help="logging level (default: %(default)s)")
     args = p.parse_args(argv)
     if not args.dia_out_dir:
         p.error("--dia_out_dir is required (or set $DIA_OUT_DIR)")
-    if args.levels < 0:
-        p.error("--levels must be >= 0")
     args.out_dir = args.out_dir or str(Path(args.dia_out_dir) / PATHB_DIR)
     args.patha_out_dir = args.patha_out_dir or str(Path(args.dia_out_dir) / PATHA_DIR)
     return args

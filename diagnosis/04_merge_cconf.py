@@ -19,22 +19,22 @@ from pathlib import Path
 
 
 from repair.diagnosis.margins import MERGE_DIR, PATHA_DIR, PATHB_DIR
-from repair.cli import run_script
+from repair.cli import percentile, positive_int, run_script
 from repair.diagnosis.stages import print_summary, run_merge
 from repair.runtime import setup_logging
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pct", type=int, default=30, help="percentile to merge (default: %(default)s)")
+    p.add_argument("--pct", type=percentile, default=30, help="percentile to merge (default: %(default)s)")
     p.add_argument("--dia_out_dir", default=os.environ.get("DIA_OUT_DIR"),
                    help="folder of 01's outputs (default: $DIA_OUT_DIR)")
     p.add_argument("--patha_out_dir", default="", help=f"PathA folder (default: <dia_out_dir>/{PATHA_DIR})")
     p.add_argument("--pathb_out_dir", default="", help=f"PathB folder (default: <dia_out_dir>/{PATHB_DIR})")
     p.add_argument("--out_dir", default="", help=f"output folder (default: <dia_out_dir>/{MERGE_DIR})")
-    p.add_argument("--top_a", type=int, default=None,
+    p.add_argument("--top_a", type=positive_int, default=None,
                    help="use only the first N C_intra lines (default: all)")
-    p.add_argument("--top_comp", type=int, default=None,
+    p.add_argument("--top_comp", type=positive_int, default=None,
                    help="use only the first N FINCH components, lowest average margin first (default: all)")
     p.add_argument("--log_level", default="INFO", help="logging level (default: %(default)s)")
     args = p.parse_args(argv)

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 
-from repair.cli import run_script
+from repair.cli import percentile, positive_int, run_script
 from repair.diagnosis.confused_tuples import confused_query_tuples
 from repair.data import write_json, write_jsonl
 from repair.runtime import setup_logging
@@ -29,10 +29,11 @@ from repair.runtime import setup_logging
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dia_out_dir", required=True, help="01's output folder (confused queries + diagnosis meta)")
-    p.add_argument("--pct", type=int, default=30, help="percentile of Q_conf, as given to 01 (default: %(default)s)")
+    p.add_argument("--pct", type=percentile, default=30,
+                   help="percentile of Q_conf, as given to 01 (default: %(default)s)")
     p.add_argument("--train_pt", default=None, help="T0 (default: the one the diagnosis recorded)")
     p.add_argument("--split", default=None, help="BEIR split of T0 (default: the one the diagnosis recorded)")
-    p.add_argument("--top_neg_n", type=int, default=30,
+    p.add_argument("--top_neg_n", type=positive_int, default=30,
                    help="negative candidates per query: the first N non-positive hits (default: %(default)s)")
     p.add_argument("--output_jsonl", required=True, help="expansion-format JSONL to write")
     p.add_argument("--log_level", default="INFO", help="logging level (default: %(default)s)")

@@ -19,7 +19,7 @@ import argparse
 import json
 
 
-from repair.cli import add_retriever_args, run_script
+from repair.cli import add_retriever_args, positive_int, run_script
 from repair.differentiation.embedding_dir import EmbedConfig, launch_embedding
 from repair.runtime import setup_logging
 
@@ -29,15 +29,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--input_jsonl", required=True, nargs="+",
                    help="expansion JSONL (06 output); triplet JSONL (08 output) is accepted too; several files allowed")
     p.add_argument("--output_dir", required=True, help="embedding dir to write (created if missing)")
-    p.add_argument("--num_gpus", type=int, default=1,
+    p.add_argument("--num_gpus", type=positive_int, default=1,
                    help="worker processes, one per GPU (on CPU: gloo workers); ignored under torchrun "
                         "(default: %(default)s)")
     add_retriever_args(p, cache_help="embedding cache folder (default: <output_dir>/cache); 'none' disables it "
                                      "(one process only)")
-    p.add_argument("--max_tokens", type=int, default=None, help="optional padded-token budget per forward pass")
+    p.add_argument("--max_tokens", type=positive_int, default=None,
+                   help="optional padded-token budget per forward pass")
     p.add_argument("--instruction", default=None,
                    help="query instruction (default: the training instruction of the retriever's text format)")
-    p.add_argument("--chunk", type=int, default=65536,
+    p.add_argument("--chunk", type=positive_int, default=65536,
                    help="texts per encode call, bounds memory; a killed run keeps what the cache flushed "
                         "(default: %(default)s)")
     p.add_argument("--log_level", default="INFO", help="logging level (default: %(default)s)")

@@ -18,7 +18,7 @@ import argparse
 from pathlib import Path
 
 
-from repair.cli import run_script
+from repair.cli import any_float, positive_int, positive_share, run_script
 from repair.data import write_json, write_jsonl
 from repair.differentiation.embedding_dir import EmbeddingDir
 from repair.differentiation.hard_negatives import select_hard_negatives
@@ -32,12 +32,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--input_jsonl", required=True, nargs="+", help="expansion JSONL (06 output); several files allowed")
     p.add_argument("--embedding_dir", required=True, help="output dir of 07_embed_candidates.py")
     p.add_argument("--output_jsonl", required=True, help="hard-negatives JSONL to write")
-    p.add_argument("--top_k", type=int, default=15, help="negatives kept per tuple, best first (default: %(default)s)")
-    p.add_argument("--fn_margin", type=float, default=None,
+    p.add_argument("--top_k", type=positive_int, default=15,
+                   help="negatives kept per tuple, best first (default: %(default)s)")
+    p.add_argument("--fn_margin", type=any_float, default=None,
                    help="false-negative guard: drop candidates scoring above pos_score - MARGIN (default: off)")
-    p.add_argument("--fn_pct", type=float, default=None,
+    p.add_argument("--fn_pct", type=positive_share, default=None,
                    help="false-negative guard: drop candidates scoring above pos_score * PCT, e.g. 0.95 (default: off)")
-    p.add_argument("--num_gpus", type=int, default=1,
+    p.add_argument("--num_gpus", type=positive_int, default=1,
                    help="accepted for the original command line; selection is vectorised on CPU and needs no GPU")
     p.add_argument("--stats_json", default=None, help="statistics JSON (default: <output_jsonl>.stats.json)")
     p.add_argument("--log_level", default="INFO", help="logging level (default: %(default)s)")

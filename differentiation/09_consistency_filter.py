@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 
-from repair.cli import run_script
+from repair.cli import percentile, positive_int, run_script
 from repair.data import write_json, write_jsonl
 from repair.differentiation.embedding_dir import EmbeddingDir
 from repair.differentiation.hard_negatives import check_kappa, consistency_filter
@@ -35,18 +35,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--embedding_dir", required=True, help="output dir of 07_embed_candidates.py")
     p.add_argument("--output_jsonl", required=True,
                    help="final training JSONL, or a directory to write final_train_data.bottom_{pp}pct.jsonl in")
-    p.add_argument("--top_k", type=int, default=15,
+    p.add_argument("--top_k", type=positive_int, default=15,
                    help="negatives written per kept tuple, best first (default: %(default)s)")
-    p.add_argument("--consistency_k", type=int, default=5,
+    p.add_argument("--consistency_k", type=positive_int, default=5,
                    help="kappa: keep a tuple iff rank(d+) <= kappa (README default 5; the paper uses 2) "
                         "(default: %(default)s)")
     p.add_argument("--pool", choices=["local", "global"], default="local",
                    help="local: {d+} u the tuple's candidates (README Eq. 6); global: all documents (original code)")
-    p.add_argument("--pct", type=int, default=None,
+    p.add_argument("--pct", type=percentile, default=None,
                    help="bottom percentile for the file name when --output_jsonl is a directory "
                         "(default: read from the input name, e.g. bottom_30pct)")
     p.add_argument("--stats_json", default=None, help="statistics JSON (default: <output>.stats.json)")
-    p.add_argument("--batch_size", type=int, default=1024,
+    p.add_argument("--batch_size", type=positive_int, default=1024,
                    help="queries per search chunk, --pool global (default: %(default)s)")
     p.add_argument("--device", default=None,
                    help="device for --pool global search: cpu | cuda (default: cuda when available)")

@@ -30,7 +30,8 @@ import os
 import sys
 
 
-from repair.cli import fail, run_script
+from repair.cli import (fail, non_negative_float, non_negative_int, positive_float, positive_int, positive_share,
+                        probability, run_script, seed_int)
 from repair.expansion.generation import add_generator_args, generator_from_args
 from repair.differentiation.causalneg.generate import POSITIONS, GenerationSettings
 from repair.differentiation.causalneg.inputs import CorpusNegatives, load_items
@@ -55,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true",
                    help="continue --output_jsonl: queries already written are skipped; without it an existing "
                         "output is an error")
-    p.add_argument("--max_items", type=int, default=None,
+    p.add_argument("--max_items", type=positive_int, default=None,
                    help="use only the first N queries of the input (sized experiments)")
     g = p.add_argument_group("corpus negatives")
     g.add_argument("--corpus", default=os.environ.get("REPAIR_LOCAL_CORPUS"),
@@ -67,50 +68,53 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--mined_from", choices=MINED_FROM, default=None,
                    help="auto: the input's hard negatives when it has them, else BM25; input | bm25 | random | none "
                         "(default: the config's)")
-    g.add_argument("--num_mined", type=int, default=None, help="corpus negatives per query (default: the config's)")
+    g.add_argument("--num_mined", type=non_negative_int, default=None,
+                   help="corpus negatives per query (default: the config's)")
     g = p.add_argument_group("generated negatives")
     g.add_argument("--method", choices=METHODS, default=None,
                    help="cot: three-stage counterfactual perturbation; vanilla: SyNeg-style single prompt; none "
                         "(default: the config's)")
-    g.add_argument("--k", type=int, default=None, help="generated negatives per augmented query (default: 3)")
-    g.add_argument("--num_requirements", type=int, default=None,
+    g.add_argument("--k", type=non_negative_int, default=None,
+                   help="generated negatives per augmented query (default: 3)")
+    g.add_argument("--num_requirements", type=positive_int, default=None,
                    help="K requirements asked for in stage 1 (default: max(k, 3))")
     g.add_argument("--position", choices=POSITIONS, default=S["position"].default,
                    help="which requirements of the chain to perturb: front (paper default), back (App. D's best), "
                         "random (default: %(default)s)")
-    g.add_argument("--ratio", type=float, default=1.0,
+    g.add_argument("--ratio", type=probability, default=1.0,
                    help="fraction of queries that get generated negatives (Sec. 4.5), a seeded choice "
                         "(default: %(default)s)")
     g.add_argument("--generated_from", default=None,
                    help="take the generated negatives from an earlier output of this step (same input, method and "
                         "ratio) instead of generating: e.g. mixture from the vanilla run, causalneg from the cot run")
-    g.add_argument("--max_retries", type=int, default=S["max_retries"].default,
+    g.add_argument("--max_retries", type=non_negative_int, default=S["max_retries"].default,
                    help="new attempts for a malformed generator output before it is counted as failed "
                         "(default: %(default)s)")
-    g.add_argument("--style_refs", type=int, default=S["style_refs"].default,
+    g.add_argument("--style_refs", type=non_negative_int, default=S["style_refs"].default,
                    help="corpus documents shown as style references in stage 3 (default: %(default)s)")
-    g.add_argument("--target_words", type=int, default=S["target_words"].default,
+    g.add_argument("--target_words", type=positive_int, default=S["target_words"].default,
                    help="length asked for a generated document (default: %(default)s)")
-    g.add_argument("--min_words", type=int, default=S["min_words"].default,
+    g.add_argument("--min_words", type=non_negative_int, default=S["min_words"].default,
                    help="a generated document with fewer words is rejected (default: %(default)s)")
-    g.add_argument("--max_doc_chars", type=int, default=S["max_doc_chars"].default,
+    g.add_argument("--max_doc_chars", type=positive_int, default=S["max_doc_chars"].default,
                    help="the positive is cut to this many characters in prompts (default: %(default)s)")
-    g.add_argument("--max_ref_chars", type=int, default=S["max_ref_chars"].default,
+    g.add_argument("--max_ref_chars", type=positive_int, default=S["max_ref_chars"].default,
                    help="each style reference is cut to this many characters (default: %(default)s)")
-    g.add_argument("--chunk_size", type=int, default=8,
+    g.add_argument("--chunk_size", type=positive_int, default=8,
                    help="augmented queries per batched generation round (their stage-3 batch is k times larger); a "
                         "kill loses at most one chunk (default: %(default)s)")
-    g.add_argument("--seed", type=int, default=S["seed"].default,
+    g.add_argument("--seed", type=seed_int, default=S["seed"].default,
                    help="seeds the ratio choice, random negatives, style references and sampling (default: %(default)s)")
     add_generator_args(p, default_batch_help="8")
     s = p.add_argument_group("sampling")
-    s.add_argument("--temperature", type=float, default=S["temperature"].default, help="(default: %(default)s)")
-    s.add_argument("--top_p", type=float, default=S["top_p"].default, help="(default: %(default)s)")
-    s.add_argument("--repetition_penalty", type=float, default=S["repetition_penalty"].default,
+    s.add_argument("--temperature", type=non_negative_float, default=S["temperature"].default,
                    help="(default: %(default)s)")
-    s.add_argument("--decompose_tokens", type=int, default=S["decompose_tokens"].default,
+    s.add_argument("--top_p", type=positive_share, default=S["top_p"].default, help="(default: %(default)s)")
+    s.add_argument("--repetition_penalty", type=positive_float, default=S["repetition_penalty"].default,
+                   help="(default: %(default)s)")
+    s.add_argument("--decompose_tokens", type=positive_int, default=S["decompose_tokens"].default,
                    help="max new tokens of a stage-1 decomposition (default: %(default)s)")
-    s.add_argument("--write_tokens", type=int, default=S["write_tokens"].default,
+    s.add_argument("--write_tokens", type=positive_int, default=S["write_tokens"].default,
                    help="max new tokens of a generated document (default: %(default)s)")
     p.add_argument("--log_level", default="INFO", help="logging level (default: %(default)s)")
     p.add_argument("--no_progress", action="store_true", help="hide the progress bar")

@@ -19,7 +19,7 @@ import logging
 
 
 from repair.evaluation.benchmarks import check_dataset, parse_dataset_spec
-from repair.cli import add_retriever_args, fail, load_retriever, model_fields, run_script
+from repair.cli import add_retriever_args, fail, load_retriever, model_fields, positive_int, run_script
 from repair.data import write_json
 from repair.evaluation.evaluate import STS_FORMATS, evaluate_dataset, results_table, scale_metrics
 from repair.runtime import setup_logging
@@ -32,7 +32,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data", nargs="+", required=True, metavar="[NAME:][TASK:]PATH",
                    help="benchmarks: PATH, TASK:PATH or NAME:TASK:PATH; TASK in ir, qa, mesh, relish, sts")
     p.add_argument("--split", default="test", help="qrels split of every BEIR folder (default: %(default)s)")
-    p.add_argument("--top_k", type=int, default=None,
+    p.add_argument("--top_k", type=positive_int, default=None,
                    help="documents retrieved per query, all retrieval sets (default: per task, ir 1000, qa/mesh 100)")
     p.add_argument("--sts_format", choices=STS_FORMATS, default="query",
                    help="sentence format for sts sets (default: %(default)s, with the instruction)")

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 
-from repair.cli import run_script
+from repair.cli import percentile, run_script
 from repair.driver.model_card import refresh_run_cards
 from repair.models import adapter_base
 from repair.evaluation.report import (
@@ -42,7 +42,7 @@ def final_retriever_line(folder: Path) -> str:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run_dir", help="the driver's OUT_DIR (holds iter0/, iter1/, ...)")
-    p.add_argument("--pct", type=int, default=None,
+    p.add_argument("--pct", type=percentile, default=None,
                    help="the PCT the run used, for file names (default: the run's settings.json, else 30)")
     p.add_argument("--print_only", action="store_true", help="print the tables; write nothing")
     p.add_argument("--force", action="store_true", help="rewrite the report even if it loses numbers it had")

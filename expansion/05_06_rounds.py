@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 
-from repair.cli import run_script
+from repair.cli import positive_int, run_script, seed_int
 from repair.driver.steps import StepFailed, StepRunner
 from repair.driver.expansion_rounds import SOURCES, ExpansionRounds, run_expansion_rounds
 
@@ -45,11 +45,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--concept_txt", required=True, help="C_conf, 04's final_terms.bottom_{pp}pct.txt")
     p.add_argument("--generated_jsonl", required=True, help="05's output (generated queries)")
     p.add_argument("--out_jsonl", required=True, help="06's output (expansion tuples)")
-    p.add_argument("--gen_round", type=int, required=True, help="GEN_ROUND: queries added per round")
-    p.add_argument("--max_rounds", type=int, required=True, help="MAX_ROUNDS: rounds at most")
-    p.add_argument("--target_valid", type=int, required=True, help="VALID_FACTOR x |T0|: valid tuples wanted")
-    p.add_argument("--target_k", type=int, required=True, help="TARGET_K: 06's negative candidates per tuple")
-    p.add_argument("--seed", type=int, default=42, help="SEED of 05 (default: %(default)s)")
+    p.add_argument("--gen_round", type=positive_int, required=True, help="GEN_ROUND: queries added per round")
+    p.add_argument("--max_rounds", type=positive_int, required=True, help="MAX_ROUNDS: rounds at most")
+    p.add_argument("--target_valid", type=positive_int, required=True, help="VALID_FACTOR x |T0|: valid tuples wanted")
+    p.add_argument("--target_k", type=positive_int, required=True, help="TARGET_K: 06's negative candidates per tuple")
+    p.add_argument("--seed", type=seed_int, default=42, help="SEED of 05 (default: %(default)s)")
     p.add_argument("--grounding", default="none", help="GROUNDING of 05 (default: %(default)s)")
     p.add_argument("--query_form", choices=QUERY_FORM_SETTINGS, default="title",
                    help="QUERY_FORM: generated makes 06 write the generated query as q_new; t0 is a later step "

@@ -18,7 +18,7 @@ import json
 import sys
 
 
-from repair.cli import fail, run_script
+from repair.cli import fail, positive_float, positive_int, run_script, seed_int
 from repair.expansion.generation import (add_generator_args, add_sampling_args, generator_from_args,
                                sampling_from_args)
 from repair.expansion.query_generation import Grounder, generate_queries, generation_summary, read_concepts
@@ -30,17 +30,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--concept_txt", required=True, help="C_conf: final_terms.bottom_{pp}pct.txt, one concept per line")
     p.add_argument("--out_jsonl", required=True, help="generated-queries JSONL (appended; see --resume)")
-    p.add_argument("--num_queries", type=int, default=64,
+    p.add_argument("--num_queries", type=positive_int, default=64,
                    help="total queries to attempt in --out_jsonl, rounded up to whole rounds; raise it and pass "
                         "--resume to generate more (default: %(default)s)")
-    p.add_argument("--round_size", type=int, default=8,
+    p.add_argument("--round_size", type=positive_int, default=8,
                    help="queries per round = one generation batch; keep it fixed for a file (ids r{round}-{j}) "
                         "(default: %(default)s)")
     p.add_argument("--resume", action="store_true", help="continue --out_jsonl: finished rounds are skipped")
-    p.add_argument("--seed", type=int, default=42,
+    p.add_argument("--seed", type=seed_int, default=42,
                    help="seed of concept sampling and generation (default: %(default)s)")
-    p.add_argument("--min_concepts", type=int, default=1, help="concepts per query, at least (default: %(default)s)")
-    p.add_argument("--max_concepts", type=int, default=3, help="concepts per query, at most (default: %(default)s)")
+    p.add_argument("--min_concepts", type=positive_int, default=1,
+                   help="concepts per query, at least (default: %(default)s)")
+    p.add_argument("--max_concepts", type=positive_int, default=3,
+                   help="concepts per query, at most (default: %(default)s)")
     p.add_argument("--prompt", choices=["paper", "original"], default="paper",
                    help="paper: App. A.2.1 prompt over 1-3 grounded concepts; original: the original code's "
                         "three-shot single-term prompt (default: %(default)s)")
@@ -53,7 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mp_key_file", default=None, help="Materials Project keys, one per line (default: $MP_API_KEY)")
     p.add_argument("--cache_dir", default=None,
                    help="response cache of the grounding APIs (default: $REPAIR_CACHE/http; 'none' disables it)")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per grounding request (default: %(default)s)")
+    p.add_argument("--timeout", type=positive_float, default=30.0,
+                   help="seconds per grounding request (default: %(default)s)")
     add_generator_args(p, default_batch_help="--round_size")
     add_sampling_args(p)
     p.add_argument("--log_level", default="INFO", help="logging level (default: %(default)s)")

@@ -32,7 +32,7 @@ import sys
 
 from dataclasses import asdict
 
-from repair.cli import run_script
+from repair.cli import non_negative_int, positive_int, run_script, seed_int
 from repair.data import load_seed, write_jsonl
 from repair.expansion.doc2query import doc2query_tuples
 from repair.expansion.generation import (add_generator_args, add_sampling_args, generator_from_args,
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input_jsonl", required=True,
                    help="06's expansion JSONL (verified tuples); with --doc2query, 06b's confused tuples")
-    p.add_argument("--doc2query", type=int, default=0, metavar="N",
+    p.add_argument("--doc2query", type=non_negative_int, default=0, metavar="N",
                    help="0 = rewrite 06's tuples (QUERY_FORM=t0); N >= 1 = write a query for the first N documents "
                         "of each confused query's D-(q) in --input_jsonl (QUERY_FORM=doc2query) (default: %(default)s)")
     p.add_argument("--train_data", "--train_pt", dest="train_data", required=True,
@@ -56,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "status lines go to <out_jsonl>.status.jsonl")
     p.add_argument("--resume", action="store_true",
                    help="continue --out_jsonl: tuples already written (or dropped) are skipped")
-    p.add_argument("--k", type=int, default=3, help="T0 examples per prompt (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=42,
+    p.add_argument("--k", type=positive_int, default=3, help="T0 examples per prompt (default: %(default)s)")
+    p.add_argument("--seed", type=seed_int, default=42,
                    help="seed of the examples drawn for each tuple and of sampling (default: %(default)s)")
     p.add_argument("--style", choices=["auto", *T0_STYLES, MIXED], default="auto",
                    help="the form asked for; auto = the most common form of T0's queries (ends with '?': question; "
@@ -67,26 +67,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a tuple whose rewrite is rejected --attempts times: keep_title = keep the title as q_new "
                         "(query_form title; no verified tuple lost), drop = leave it out (default: keep_title; "
                         "drop with --doc2query, whose tuples have no title)")
-    p.add_argument("--attempts", type=int, default=2,
+    p.add_argument("--attempts", type=positive_int, default=2,
                    help="generations per tuple at most (a rejected answer is asked again) (default: %(default)s)")
-    p.add_argument("--chunk_size", type=int, default=8,
+    p.add_argument("--chunk_size", type=positive_int, default=8,
                    help="tuples per generation call; keep it fixed for a file (default: %(default)s)")
     p.add_argument("--contrast", action="store_true",
                    help="show each tuple's first negative candidate (with --doc2query: the positive of the confused "
                         "query the document outranked) as a related passage the query must not fit, and reject a "
                         "query sharing as many content words with it as with its own passage (not_distinct)")
-    p.add_argument("--max_candidates", type=int, default=20,
+    p.add_argument("--max_candidates", type=positive_int, default=20,
                    help="with --doc2query: negative candidates kept per document (default: %(default)s)")
-    p.add_argument("--max_example_chars", type=int, default=0,
+    p.add_argument("--max_example_chars", type=non_negative_int, default=0,
                    help="the T0 examples' passages are cut to this many characters; 0 = --max_passage_chars. A CPU "
                         "generator's time goes into reading the prompt (default: %(default)s)")
-    p.add_argument("--max_passage_chars", type=int, default=1000,
+    p.add_argument("--max_passage_chars", type=positive_int, default=1000,
                    help="passages in the prompt are cut to this many characters (default: %(default)s)")
-    p.add_argument("--min_words", type=int, default=3, help="shortest query kept, in words (default: %(default)s)")
-    p.add_argument("--max_words", type=int, default=0,
+    p.add_argument("--min_words", type=non_negative_int, default=3,
+                   help="shortest query kept, in words (default: %(default)s)")
+    p.add_argument("--max_words", type=non_negative_int, default=0,
                    help="longest query kept, in words; 0 = twice the 90th percentile of T0's query lengths, at "
                         "least 12 (default: %(default)s)")
-    p.add_argument("--min_shared_words", type=int, default=2,
+    p.add_argument("--min_shared_words", type=non_negative_int, default=2,
                    help="content words the query must share with the verified abstract, else it is rejected as "
                         "off_passage; 0 = no check (default: %(default)s)")
     add_generator_args(p, default_batch_help="--chunk_size")
@@ -103,8 +104,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     setup_logging(args.log_level)
-    if args.doc2query < 0:
-        raise SystemExit(f"--doc2query must be 0 or more, got {args.doc2query}")
     if args.doc2query and args.on_failure == "keep_title":
         raise SystemExit("--doc2query tuples have no title to keep: use --on_failure drop")
     on_failure = args.on_failure or ("drop" if args.doc2query else "keep_title")

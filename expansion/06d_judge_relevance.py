@@ -31,7 +31,7 @@ import argparse
 import json
 import sys
 
-from repair.cli import run_script
+from repair.cli import bounded_int, positive_int, probability, run_script
 from repair.expansion.generation import add_generator_args, generator_from_args
 from repair.expansion.relevance_judge import (DEFAULT_JUDGE_K, DEFAULT_JUDGE_MODEL, DEFAULT_THRESHOLD, QUERY_FIELDS,
                                     JudgeCache, RelevanceJudge, judge_expansion, read_expansion_for_judge)
@@ -46,18 +46,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "<out_jsonl>.status.jsonl")
     p.add_argument("--cache_jsonl", default=None,
                    help="judgment cache, shared by reruns and runs (default: <out_jsonl>.cache.jsonl)")
-    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+    p.add_argument("--threshold", type=probability, default=DEFAULT_THRESHOLD,
                    help="P(yes) at or above which a hit is relevant: the positive must reach it, the other hits "
                         "that reach it are never negatives (default: %(default)s)")
-    p.add_argument("--judge_k", type=int, default=DEFAULT_JUDGE_K,
+    p.add_argument("--judge_k", type=positive_int, default=DEFAULT_JUDGE_K,
                    help="hits judged per tuple: the positive and the first judge_k - 1 candidates; later "
                         "candidates stay negatives unjudged (default: %(default)s)")
     p.add_argument("--query_field", choices=QUERY_FIELDS, default="auto",
                    help="what the judge reads as the query: auto = q_model when q_new is the positive's own title "
                         "(QUERY_FORM=title), else q_new (default: %(default)s)")
-    p.add_argument("--max_chars", type=int, default=1000,
+    p.add_argument("--max_chars", type=bounded_int(100), default=1000,
                    help="abstracts in the prompt are cut to this many characters (default: %(default)s)")
-    p.add_argument("--chunk", type=int, default=16,
+    p.add_argument("--chunk", type=positive_int, default=16,
                    help="tuples judged between cache writes (default: %(default)s)")
     add_generator_args(p, default_model_help=f"{DEFAULT_JUDGE_MODEL}, an instruct model", default_batch_help="4")
     p.add_argument("--log_level", default="INFO", help="logging level (default: %(default)s)")
@@ -70,8 +70,6 @@ def main(argv=None) -> dict:
     setup_logging(args.log_level)
     if args.backend == "hf" and not args.model:
         args.model = DEFAULT_JUDGE_MODEL
-    if args.max_chars < 100 or args.chunk < 1:
-        raise ValueError("--max_chars must be at least 100 and --chunk at least 1")
     read_expansion_for_judge(args.input_jsonl)  # a bad input is named before a model is loaded
     generator = generator_from_args(args, default_batch_size=4)
     cache = JudgeCache(args.cache_jsonl or f"{args.out_jsonl}.cache.jsonl")

@@ -1,6 +1,8 @@
 """Command-line pieces every script shares: the one entry point (:func:`run_script`: a user error ends in one
 ``error:`` line on stderr and exit status 2, the traceback only with ``--debug``), the one group of retriever flags
-(:func:`add_retriever_args`, the trainer's included) and the retriever they describe.
+(:func:`add_retriever_args`, the trainer's included) and the retriever they describe, and the one set of numeric
+flag types (:class:`Range`: ``positive_int``, ``probability``, ``seed_int``, ...) whose limits the driver's settings
+table states too.
 
 This module imports no torch at import time: the API stages (06) use :func:`run_script` and start in a fraction of
 a second.
@@ -9,9 +11,11 @@ a second.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 
@@ -27,11 +31,96 @@ DEBUG_ENV = "REPAIR_DEBUG"
 # Exceptions that report bad input or a bad setting, not a bug: "module: class name". Checked through sys.modules
 # so that this module imports none of them (an exception of a module never imported cannot have been raised).
 USER_ERROR_CLASSES = (
-    ("repair.data", "DataError"),                  # malformed input file (names file, line, field)
+    ("repair.records", "DataError"),               # malformed input file (names file, line, field)
     ("repair.diagnosis.margins", "RunMismatchError"),      # a stage's input comes from another run / percentile
     ("repair.expansion.sources.http", "SourceError"),        # an external service refused (bad key, quota)
     ("repair.models", "ModelError"),               # a model name that resolves to nothing
 )
+
+
+# ------------------------------------------------------------------------------------------ numeric flag types
+# Issue 44: every number a user gives is finite and bounded. A count ends up in numpy/torch int64 arithmetic, a tensor
+# size or the driver's bash arithmetic (int64): capped at int32's maximum, the product of two counts still fits int64
+# (VALID_FACTOR x |T0|). A seed feeds numpy's legacy seeding and CTranslate2's engine seed, both unsigned 32-bit
+# (torch takes up to 2**64 - 1). Unbounded, TOP_K=99999999999999999999 passed and 08 died in an OverflowError, and
+# a huge --seed killed 05 after it had created its output files; a NaN compares false with everything, so
+# --fn_pct nan switched 08's false-negative guard off without a word.
+COUNT_MAX = 2**31 - 1
+SEED_MAX = 2**32 - 1
+
+
+def _shown(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a number may take: an integer or a finite float, within [low, high] (``low_open`` /
+    ``high_open`` exclude an end; None = no bound). As an argparse ``type`` a bad value ends in argparse's one
+    ``error: argument --flag: ...`` line and exit status 2; the driver's settings table checks with it too."""
+
+    integer: bool
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def describe(self) -> str:
+        """``in 1..100``, ``in (0, 1]``, ``>= 0`` or ``''`` (any finite number)."""
+        lo, hi = self.low, self.high
+        if lo is not None and hi is not None:
+            if self.integer:
+                return f"in {_shown(lo)}..{_shown(hi)}"
+            return (f"in {'(' if self.low_open else '['}{_shown(lo)}, {_shown(hi)}"
+                    f"{')' if self.high_open else ']'}")
+        if lo is not None:
+            return f"{'>' if self.low_open else '>='} {_shown(lo)}"
+        if hi is not None:
+            return f"{'<' if self.high_open else '<='} {_shown(hi)}"
+        return ""
+
+    def parse(self, text: str) -> int | float:
+        """``text`` as a number in range; ValueError saying what it must be otherwise."""
+        try:
+            number: int | float = int(text) if self.integer else float(text)
+        except (TypeError, ValueError):
+            raise ValueError(f"must be {'an integer' if self.integer else 'a number'}, got {text!r}") from None
+        if not math.isfinite(number):
+            raise ValueError(f"must be a finite number, got {text!r}")
+        lo, hi = self.low, self.high
+        if ((lo is not None and (number <= lo if self.low_open else number < lo))
+                or (hi is not None and (number >= hi if self.high_open else number > hi))):
+            raise ValueError(f"must be {self.describe()}, got {text}")
+        return number
+
+    def __call__(self, text: str) -> int | float:
+        try:
+            return self.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def bounded_int(low: int, high: int = COUNT_MAX) -> Range:
+    """An integer in low..high (a count: at most :data:`COUNT_MAX`)."""
+    return Range(True, low, high)
+
+
+def finite_float(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+                 high_open: bool = False) -> Range:
+    """A finite float, optionally bounded (``low_open``: > low instead of >= low)."""
+    return Range(False, low, high, low_open, high_open)
+
+
+positive_int = bounded_int(1)          # counts, sizes, lengths (>= 1)
+non_negative_int = bounded_int(0)      # counts where 0 means none / off
+percentile = bounded_int(1, 100)       # --pct: the bottom percentile of margins
+seed_int = bounded_int(0, SEED_MAX)    # --seed
+probability = finite_float(0, 1)       # a share or a probability, [0, 1]
+positive_share = finite_float(0, 1, low_open=True)  # (0, 1]: top_p, 08's --fn_pct
+share_below_one = finite_float(0, 1, high_open=True)  # [0, 1): a warmup share, a dropout rate
+positive_float = finite_float(0, low_open=True)  # a rate, temperature, timeout (> 0)
+non_negative_float = finite_float(0)   # a weight or a pause that may be 0
+any_float = finite_float()             # finite, either sign (a score margin)
 
 
 CACHE_HELP = "embedding cache folder (default: $REPAIR_CACHE/embeddings); 'none' disables it"
@@ -51,10 +140,11 @@ def add_retriever_args(parser: argparse.ArgumentParser, default_model: str = DEF
                         "model, the one its adapter_config.json names (default: %(default)s)")
     if encoding:
         g.add_argument("--adapter", default=None, help="LoRA adapter folder to apply on the base model")
-    g.add_argument("--max_length", type=int, default=default_max_length,
+    g.add_argument("--max_length", type=positive_int, default=default_max_length,
                    help=f"max tokens per text incl. EOS; {char_cap_help()} (default: %(default)s)")
     if encoding:
-        g.add_argument("--batch_size", type=int, default=32, help="texts per forward pass (default: %(default)s)")
+        g.add_argument("--batch_size", type=positive_int, default=32,
+                       help="texts per forward pass (default: %(default)s)")
     g.add_argument("--pooling", default=None, choices=["eos", "mean"],
                    help="override the model's pooling profile (default: eos for decoders, mean for encoders)")
     if encoding:

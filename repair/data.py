@@ -3,7 +3,8 @@
 - the seed set T0 from the original ``.pt`` (list of dicts), from JSONL ``{query, positive}`` or from a
   BEIR folder + split;
 - BEIR folders (``corpus.jsonl[.gz]``, ``queries.jsonl[.gz]``, ``qrels/<split>.tsv[.gz]``);
-- a validating JSONL reader whose errors name the file, line and field;
+- a validating JSONL reader whose errors name the file, line and field (the record contract itself:
+  :mod:`repair.records`);
 - an atomic JSONL/JSON writer (temp file + rename), a flushed line appender for resumable stages and the reader
   of what it wrote (a partial last line skipped);
 - the sha256 fingerprint of a file.
@@ -26,6 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+# the record contract; re-exported: every stage imports DataError and validate_record from here
+from repair.records import DataError, FiniteNumber, check_unicode, json_error, validate_record
+
 logger = logging.getLogger(__name__)
 
 QUERY_KEYS = ("paper_Title", "query", "question")
@@ -36,71 +40,17 @@ LIST_CONTAINERS = ("data", "items", "records", "examples")
 MINED, GENERATED = "mined", "generated"
 NEGATIVE_SOURCES = (MINED, GENERATED)
 TRIPLET_REQUIRED = {"query": str, "pos_document": str}
-TRIPLET_OPTIONAL = {"id": (str, int), "d_neg": str, "hard_negatives": list[str], "hard_negative_scores": list,
+# a score per hard negative; null where a negative has none (09b's generated ones)
+TRIPLET_OPTIONAL = {"id": (str, int), "d_neg": str, "hard_negatives": list[str],
+                    "hard_negative_scores": list[typing.Optional[FiniteNumber]],
                     "negative_sources": list[str], "negative_traces": list, "concepts": list[str], "source": str,
                     "n_candidates": int}
-
-
-class DataError(ValueError):
-    """A malformed input file; the message names the file, the line (when there is one) and the field."""
 
 
 # ---------------------------------------------------------------------------------------------- JSONL IO
 def open_text(path: str | os.PathLike, mode: str = "rt"):
     path = str(path)
     return (gzip.open if path.endswith(".gz") else open)(path, mode, encoding="utf-8")
-
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is not None:
-        args = ", ".join(_type_name(a) for a in typing.get_args(tp))
-        return f"{origin.__name__}[{args}]"
-    if isinstance(tp, tuple):
-        return " or ".join(_type_name(t) for t in tp)
-    return getattr(tp, "__name__", str(tp))
-
-
-def _matches(value: Any, tp: Any) -> bool:
-    """isinstance with ``list[X]``/``dict[str, X]`` generics; ints are accepted where floats are expected."""
-    if tp is Any:
-        return True
-    if isinstance(tp, tuple):
-        return any(_matches(value, t) for t in tp)
-    origin = typing.get_origin(tp)
-    if origin in (list, tuple):
-        (item,) = typing.get_args(tp)[:1] or (Any,)
-        return isinstance(value, list) and all(_matches(v, item) for v in value)
-    if origin is dict:
-        _, item = typing.get_args(tp)
-        return isinstance(value, dict) and all(_matches(v, item) for v in value.values())
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, tp)
-
-
-def validate_record(record: Any, where: str, required: dict[str, Any] | None = None,
-                    optional: dict[str, Any] | None = None) -> dict:
-    """Check one decoded JSON object against field types; raise :class:`DataError` naming ``where`` and field."""
-    if not isinstance(record, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    required, optional = required or {}, optional or {}
-    for name, tp in [*required.items(), *optional.items()]:  # an optional field may be absent or null
-        if name not in record and name in required:
-            raise DataError(f"{where}: missing field '{name}'")
-        value = record.get(name)
-        if name in record and (value is not None or name in required) and not _matches(value, tp):
-            raise DataError(f"{where}: field '{name}' must be {_type_name(tp)}, got {type(value).__name__}: "
-                            f"{str(value)[:80]!r}")
-    return record
-
-
-def json_error(where: str, exc: json.JSONDecodeError) -> DataError:
-    """``where: invalid JSON (<reason> at column N)``; json's reasons that end in "at" do not give "at at column"."""
-    reason = exc.msg.removesuffix(" at")
-    return DataError(f"{where}: invalid JSON ({reason} at column {exc.colno})")
 
 
 def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
@@ -127,7 +77,8 @@ def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
 def iter_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
                optional: dict[str, Any] | None = None, skip_blank: bool = True,
                with_lineno: bool = False, skip_partial_last: bool = False) -> Iterator[Any]:
-    """Yield validated objects from a JSONL file (``.gz`` allowed). Errors name file, line and field.
+    """Yield validated objects from a JSONL file (``.gz`` allowed). Errors name file, line and field; text must be
+    valid Unicode (:func:`repair.records.check_unicode`: a ``"\\ud800"`` escape is refused like a wrong type).
 
     ``with_lineno=True`` yields ``(line_number, object)`` so callers that check nested fields themselves can
     name the line too. ``skip_partial_last=True``: a last line without its newline is skipped, not parsed
@@ -149,6 +100,7 @@ def iter_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise json_error(f"{path}:{lineno}", exc) from None
+        check_unicode(record, f"{path}:{lineno}", line)
         record = validate_record(record, f"{path}:{lineno}", required, optional)
         yield (lineno, record) if with_lineno else record
 

@@ -33,6 +33,18 @@ def error_line(proc: subprocess.CompletedProcess) -> str:
     return lines[-1]
 
 
+def flag_error(proc: subprocess.CompletedProcess, script: str) -> str:
+    """The one line argparse ends a refused flag with (``<script>: error: argument --flag: ...``, after the usage),
+    exit status 2, no traceback; returned without the script's name."""
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    prefix = f"{Path(script).name}: error: "
+    assert lines and lines[-1].startswith(prefix), proc.stderr[-3000:]
+    assert sum("error:" in ln for ln in lines) == 1, proc.stderr[-3000:]
+    return lines[-1].removeprefix(prefix)
+
+
 def write(path: Path, lines: list[str]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
@@ -107,7 +119,7 @@ def test_debug_flag_and_env_show_the_traceback(tmp_path):
     for proc in (run("differentiation/08_hard_negative_selection.py", "--debug", *args),
                  run("differentiation/08_hard_negative_selection.py", *args, env={"REPAIR_DEBUG": "1"})):
         assert proc.returncode == 2, proc.stderr[-2000:]
-        assert "Traceback (most recent call last)" in proc.stderr and "repair.data.DataError" in proc.stderr
+        assert "Traceback (most recent call last)" in proc.stderr and "repair.records.DataError" in proc.stderr
         assert proc.stderr.strip().splitlines()[-1] == f"error: {bad}:1: invalid JSON (Unterminated string " \
                                                        f"starting at column 25)"
     assert "Traceback" not in run("differentiation/08_hard_negative_selection.py", *args).stderr
@@ -123,9 +135,9 @@ def test_empty_input_to_08_is_an_error_not_an_empty_file(tmp_path):
 
 
 def test_merge_with_an_impossible_pct_names_the_flag(tmp_path):
-    """04 --pct 150 said "run 02 with --pct 150", which 02 rejects."""
+    """04 --pct 150 said "run 02 with --pct 150", which 02 rejects; the flag's type refuses it (issue 44)."""
     proc = run("diagnosis/04_merge_cconf.py", "--pct", "150", "--dia_out_dir", str(tmp_path))
-    assert error_line(proc) == "error: --pct must be a percentile in 1..100, got 150"
+    assert flag_error(proc, "04_merge_cconf.py") == "argument --pct: must be in 1..100, got 150"
 
 
 def test_unknown_eval_task_is_named(tmp_path):

@@ -89,6 +89,9 @@ def test_int8_repeats_and_stays_close(tiny_dir, hf_gen):
     assert len(sampled) == 6
     assert ct2.generate(PROMPTS[:2], n=3, seed=7, max_new_tokens=10, temperature=1.0, top_p=1.0) == sampled
     assert ct2.generate(PROMPTS[:2], n=3, seed=8, max_new_tokens=10, temperature=1.0, top_p=1.0) != sampled
+    # issue 44: a seed past the engine's unsigned 32 bits (05 passes --seed x 100003 + round) is taken modulo 2**32,
+    # not a TypeError from set_random_seed
+    assert ct2.generate(PROMPTS[:2], n=3, seed=7 + 2**32, max_new_tokens=10, temperature=1.0, top_p=1.0) == sampled
 
 
 def test_one_flag_picks_the_engine(tiny_dir):

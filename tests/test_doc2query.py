@@ -148,7 +148,7 @@ def test_doc2query_settings_are_checked_up_front(tmp_path):
     problems = validate(resolve({**env, "JUDGE": "1", "D2Q_DOCS": "0", "QUERY_STYLE": "poem"}, ROOT),
                         {**env, "JUDGE": "1", "D2Q_DOCS": "0", "QUERY_STYLE": "poem"})
     assert any("QUERY_FORM=doc2query writes none" in p for p in problems)
-    assert any(p.startswith("D2Q_DOCS must be >= 1") for p in problems)
+    assert any(p.startswith("D2Q_DOCS must be in 1..2147483647, got 0") for p in problems)
     assert "QUERY_STYLE must be auto, claim, question, keywords, title or mixed, got 'poem'" in problems
     # the setting offers exactly what 06c's --style accepts (the two lists are written in two places)
     spec = importlib.util.spec_from_file_location("t0_06c_choices", ROOT / "expansion" / "06c_t0_style_queries.py")

@@ -313,7 +313,8 @@ def test_judge_settings_are_checked_up_front(tmp_path):
     env = {"TRAIN_DATA": str(ROOT / "data" / "demo" / "scifact-demo"), "JUDGE": "1", "JUDGE_THRESHOLD": "1.5",
            "JUDGE_K": "0", "EXPANSION": "0", "CONFUSED_TUPLES": "1", "OUT_DIR": str(tmp_path)}
     problems = validate(resolve(env, ROOT), env)
-    assert "JUDGE_THRESHOLD must be in [0, 1], got 1.5" in problems and "JUDGE_K must be >= 1, got 0" in problems
+    assert "JUDGE_THRESHOLD must be in [0, 1], got 1.5" in problems
+    assert "JUDGE_K must be in 1..2147483647, got 0" in problems
     assert "JUDGE=1 judges Stage II's verified tuples: it needs EXPANSION=1" in problems
     ok = {**env, "JUDGE_THRESHOLD": "0.6", "JUDGE_K": "4", "EXPANSION": "1"}
     resolved = resolve(ok, ROOT)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from repair.data import PASSAGE_KEYS
+from repair.cli import COUNT_MAX, SEED_MAX
 from repair.driver.settings import (
     RECORD_FILE,
     SettingsError,
@@ -21,6 +22,7 @@ from repair.driver.settings import (
     resolve,
     validate,
 )
+from repair.driver.settings_table import SETTINGS
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "data" / "demo" / "scifact-tiny"
@@ -42,8 +44,8 @@ def test_every_numeric_enum_and_path_setting_is_checked_with_its_name():
     assert problems_for({**base, "WARMUP_RATIO": "1"}) == ["WARMUP_RATIO must be in [0, 1), got 1"]
     assert problems_for({**base, "OPENAI_EXTRA": '{"repeat_penalty": 1.2}'}) == []
     assert problems_for({**base, "OPENAI_EXTRA": "[1]"}) == ["OPENAI_EXTRA must be a JSON object, got '[1]'"]
-    assert problems_for({**base, "NUM_HARD_NEG": "-2"}) == ["NUM_HARD_NEG must be >= -1, got -2"]
-    assert problems_for({**base, "GEN_ROUND": "0"}) == ["GEN_ROUND must be >= 1, got 0"]
+    assert problems_for({**base, "NUM_HARD_NEG": "-2"}) == ["NUM_HARD_NEG must be in -1..2147483647, got -2"]
+    assert problems_for({**base, "GEN_ROUND": "0"}) == ["GEN_ROUND must be in 1..2147483647, got 0"]
     assert problems_for({**base, "FULL_FINETUNE": "yes"}) == ["FULL_FINETUNE must be 0 or 1, got 'yes'"]
     assert problems_for({**base, "POOL": "near"}) == ["POOL must be local or global, got 'near'"]
     assert problems_for({**base, "DEVICE": "gpu"}) == ["DEVICE must be cpu, cuda, cuda:N or mps, got 'gpu'"]
@@ -390,3 +392,56 @@ def test_every_eval_data_entry_is_checked_with_the_files_its_task_reads(tmp_path
     assert problems_for({**base, "EVAL_DATA": f"sts:{TINY}"}) == [
         f"EVAL_DATA entry 'sts:{TINY}': {TINY}: several *.jsonl files (corpus.jsonl, queries.jsonl); pass the pairs "
         f"file itself"]
+
+
+def test_every_integer_setting_is_bounded_above_and_seeds_fit_every_generator():
+    """Issue 44: TOP_K=99999999999999999999 passed the check and 08 died in an OverflowError; a SEED or GEN_SEED past
+    2**64 killed 10 and 05 with torch's "Overflow when unpacking long long" (05 after creating its output files).
+    Every int setting now has an upper bound in the table: COUNT_MAX for counts (two multiplied still fit int64),
+    SEED_MAX for seeds (numpy's legacy seeding and CTranslate2 take unsigned 32-bit)."""
+    assert [s.name for s in SETTINGS if s.kind == "int" and s.high is None] == []
+    assert {s.name: s.high for s in SETTINGS if s.name in ("SEED", "GEN_SEED", "TOP_K")} == {
+        "SEED": SEED_MAX, "GEN_SEED": SEED_MAX, "TOP_K": COUNT_MAX}
+    base = {"TRAIN_DATA": str(TINY)}
+    assert problems_for({**base, "TOP_K": "99999999999999999999"}) == [
+        "TOP_K must be in 1..2147483647, got 99999999999999999999"]
+    # GEN_SEED follows SEED unless given: a bad SEED is named once
+    assert problems_for({**base, "SEED": str(2**64)}) == [f"SEED must be in 0..4294967295, got {2**64}"]
+    assert problems_for({**base, "SEED": "3", "GEN_SEED": str(2**32)}) == [
+        f"GEN_SEED must be in 0..4294967295, got {2**32}"]
+    assert problems_for({**base, "SEED": str(SEED_MAX), "TOP_K": str(COUNT_MAX)}) == []  # the bounds themselves pass
+    assert problems_for({**base, "VALID_FACTOR": "576460752303423488"}) == [
+        "VALID_FACTOR must be in 1..2147483647, got 576460752303423488"]
+    assert problems_for({**base, "FN_MARGIN": "nan"}) == ["FN_MARGIN must be a finite number, got 'nan'"]
+
+
+def _resolve(env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "repair.driver.settings", "resolve", "--root", str(ROOT),
+                           "--no_record"], env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **env},
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+
+def test_derived_counts_come_from_python_and_fit_the_scripts(tmp_path):
+    """The driver took VALID_FACTOR x |T0| from bash's $((...)), which wraps: VALID_FACTOR=576460752303423488 with the
+    tiny T0's 16 rows gave a negative target. The target now comes from the check, in Python's integers, and a product
+    past what 05_06_rounds' --target_valid takes is refused there (one line, exit 2), as is a step budget past 10's
+    --max_steps; run_repair.sh itself then stops before it creates OUT_DIR."""
+    env = {"TRAIN_DATA": str(TINY), "OUT_DIR": str(tmp_path / "run")}
+    good = _resolve({**env, "VALID_FACTOR": "3"})
+    assert good.returncode == 0, good.stderr
+    assert "TARGET_VALID=48" in good.stdout.splitlines()
+    fits_alone = _resolve({**env, "VALID_FACTOR": "200000000"})  # within the setting's range, but x 16 is not
+    assert (fits_alone.returncode, fits_alone.stderr) == (
+        2, "VALID_FACTOR x |T0| (Stage II's target of valid tuples) must be at most 2147483647, got 200000000 x 16 = "
+           "3200000000\n")
+    steps = _resolve({**env, "ITER_STEPS": "t0", "SCHEDULE": "one", "ITERS": "2", "EPOCHS": "1073741824",
+                      "GLOBAL_BATCH": "16"})
+    assert (steps.returncode, steps.stderr) == (
+        2, "ITER_STEPS=t0: a training's schedule, (WARM_START + ITERS) x EPOCHS x ceil(|T0| / GLOBAL_BATCH) optimizer "
+           "steps, must be at most 2147483647, got 2147483648\n")
+    out = tmp_path / "driver_run"
+    driver = subprocess.run(["bash", str(ROOT / "run_repair.sh")], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                            env={**os.environ, "PYTHON": sys.executable, "TRAIN_DATA": str(TINY), "OUT_DIR": str(out),
+                                 "VALID_FACTOR": "576460752303423488"})
+    assert (driver.returncode, driver.stderr) == (2, "VALID_FACTOR must be in 1..2147483647, got 576460752303423488\n")
+    assert not out.exists()  # nothing written that a rerun would trust

@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 
 
-from repair.cli import add_retriever_args, run_script
+from repair.cli import (add_retriever_args, bounded_int, non_negative_float, non_negative_int, positive_float,
+                        positive_int, run_script, seed_int, share_below_one)
 from repair.driver.model_card import finish_trained_folder
 from repair.runtime import process_group, setup_logging
 from repair.training.trainer import train
@@ -45,9 +46,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="LoRA adapter folder to continue training from (the previous REPAIR iteration's adapter)")
     g.add_argument("--full_finetune", action="store_true",
                    help="train every weight instead of a LoRA adapter; saves a full model folder")
-    g.add_argument("--lora_r", type=int, default=_default("lora_r"), help="LoRA rank (default: %(default)s)")
-    g.add_argument("--lora_alpha", type=int, default=_default("lora_alpha"), help="LoRA alpha (default: %(default)s)")
-    g.add_argument("--lora_dropout", type=float, default=_default("lora_dropout"),
+    g.add_argument("--lora_r", type=positive_int, default=_default("lora_r"), help="LoRA rank (default: %(default)s)")
+    g.add_argument("--lora_alpha", type=positive_int, default=_default("lora_alpha"),
+                   help="LoRA alpha (default: %(default)s)")
+    g.add_argument("--lora_dropout", type=share_below_one, default=_default("lora_dropout"),
                    help="LoRA dropout (default: %(default)s)")
     g.add_argument("--lora_target_modules", default=None,
                    help="comma-separated module names; default: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
@@ -63,55 +65,56 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--triplets", action="append", default=[],
                    help="triplet JSONL (final_train_data*.jsonl: query, pos_document, d_neg/hard_negatives[, "
                         "negative_sources]); a path or a quoted glob; repeatable")
-    g.add_argument("--num_hard_negatives", type=int, default=_default("num_hard_negatives"),
+    g.add_argument("--num_hard_negatives", type=bounded_int(-1), default=_default("num_hard_negatives"),
                    help="hard negatives per triplet: 1 = d_neg (paper), N = first N of hard_negatives, -1 = all, "
                         "0 = none (default: %(default)s)")
-    g.add_argument("--max_examples", type=int, default=None, help="use only the first N examples (quick runs)")
+    g.add_argument("--max_examples", type=positive_int, default=None, help="use only the first N examples (quick runs)")
     g = p.add_argument_group("optimisation")
-    g.add_argument("--epochs", type=int, default=_default("epochs"), help="epochs (default: %(default)s)")
-    g.add_argument("--max_steps", type=int, default=_default("max_steps"),
+    g.add_argument("--epochs", type=non_negative_int, default=_default("epochs"), help="epochs (default: %(default)s)")
+    g.add_argument("--max_steps", type=bounded_int(-1), default=_default("max_steps"),
                    help="stop after this many optimizer steps (overrides --epochs when > 0)")
-    g.add_argument("--global_batch_size", type=int, default=_default("global_batch_size"),
+    g.add_argument("--global_batch_size", type=positive_int, default=_default("global_batch_size"),
                    help="queries per optimizer step over all devices (default: %(default)s)")
-    g.add_argument("--mini_batch_size", type=int, default=_default("mini_batch_size"),
+    g.add_argument("--mini_batch_size", type=positive_int, default=_default("mini_batch_size"),
                    help="texts per forward pass in gradient caching: sets memory, not the result "
                         "(default: %(default)s)")
-    g.add_argument("--lr", type=float, default=_default("lr"), help="AdamW learning rate (default: %(default)s)")
-    g.add_argument("--weight_decay", type=float, default=_default("weight_decay"),
+    g.add_argument("--lr", type=non_negative_float, default=_default("lr"),
+                   help="AdamW learning rate (default: %(default)s)")
+    g.add_argument("--weight_decay", type=non_negative_float, default=_default("weight_decay"),
                    help="AdamW weight decay, not applied to biases/norms (default: %(default)s)")
-    g.add_argument("--warmup_ratio", type=float, default=_default("warmup_ratio"),
+    g.add_argument("--warmup_ratio", type=share_below_one, default=_default("warmup_ratio"),
                    help="linear warmup over this fraction of the steps (default: %(default)s)")
-    g.add_argument("--warmup_steps", type=int, default=_default("warmup_steps"),
+    g.add_argument("--warmup_steps", type=bounded_int(-1), default=_default("warmup_steps"),
                    help="linear warmup steps; overrides --warmup_ratio when >= 0")
-    g.add_argument("--max_grad_norm", type=float, default=_default("max_grad_norm"),
+    g.add_argument("--max_grad_norm", type=non_negative_float, default=_default("max_grad_norm"),
                    help="gradient clipping norm; 0 disables (default: %(default)s)")
-    g.add_argument("--temperature", type=float, default=_default("temperature"),
+    g.add_argument("--temperature", type=positive_float, default=_default("temperature"),
                    help="InfoNCE temperature tau (default: %(default)s)")
-    g.add_argument("--qem_lambda", type=float, default=_default("qem_lambda"),
+    g.add_argument("--qem_lambda", type=non_negative_float, default=_default("qem_lambda"),
                    help="CausalNeg QEM entropy weight; acts only on queries with generated negatives; 0 disables; "
                         f"CausalNeg's value is {CAUSALNEG_QEM_LAMBDA} (default: %(default)s, REPAIR's plain InfoNCE)")
-    g.add_argument("--qem_tau", type=float, default=_default("qem_tau"),
+    g.add_argument("--qem_tau", type=positive_float, default=_default("qem_tau"),
                    help="QEM entropy temperature tau_ent (default: %(default)s)")
-    g.add_argument("--seed", type=int, default=_default("seed"), help="seed of init, dropout and data order")
+    g.add_argument("--seed", type=seed_int, default=_default("seed"), help="seed of init, dropout and data order")
     g = p.add_argument_group("runtime")
     g.add_argument("--output_dir", required=True, help="folder for the adapter, checkpoints/ and train_log.jsonl")
     g.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output_dir")
     g.add_argument("--overwrite_output_dir", action="store_true", help="delete an earlier run in --output_dir")
-    g.add_argument("--save_steps", type=int, default=_default("save_steps"),
+    g.add_argument("--save_steps", type=non_negative_int, default=_default("save_steps"),
                    help="checkpoint every N optimizer steps, 0 = only at the end (default: %(default)s)")
-    g.add_argument("--save_total_limit", type=int, default=_default("save_total_limit"),
+    g.add_argument("--save_total_limit", type=non_negative_int, default=_default("save_total_limit"),
                    help="keep only the newest N checkpoints, 0 = all (default: %(default)s)")
-    g.add_argument("--last_step", type=int, default=_default("last_step"),
+    g.add_argument("--last_step", type=bounded_int(-1), default=_default("last_step"),
                    help="end this run at step N of its schedule (--max_steps / --epochs set the schedule's length) "
                         "and save the model there as a finished run; -1 = the schedule's end (default: %(default)s)")
     g.add_argument("--continue_from", default=None, metavar="RUN_DIR",
                    help="go on from where another finished run of the same schedule ended (its weights, optimizer, "
                         "LR schedule, RNG and step; e.g. one trained with --last_step) on this run's data, to "
                         "--last_step; same --max_steps, batch, lr, warmup, seed and model shape required")
-    g.add_argument("--stop_after_steps", type=int, default=None,
+    g.add_argument("--stop_after_steps", type=positive_int, default=None,
                    help="leave after N steps of this invocation with a checkpoint (for time-limited jobs; "
                         "continue with --resume)")
-    g.add_argument("--logging_steps", type=int, default=_default("logging_steps"),
+    g.add_argument("--logging_steps", type=positive_int, default=_default("logging_steps"),
                    help="log a line every N steps (default: %(default)s); train_log.jsonl gets every step")
     g.add_argument("--logging_dir", default=None, help="TensorBoard folder (default: <output_dir>/runs)")
     g.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")

@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
+from repair.cli import non_negative_int, percentile, positive_float, positive_int
 from repair.diagnosis import margins as dg
 from repair.diagnosis.ccs import compute_ccs, merge_cconf, referenced_docs
 from repair.data import DataError, file_sha256, load_seed, read_json, read_jsonl, write_json, write_jsonl, write_lines
@@ -263,17 +264,18 @@ def run_pathA(dia_out_dir: str | os.PathLike, pct: int, out_dir: str | os.PathLi
 
 def add_pathA_args(p: argparse.ArgumentParser, default_out: str) -> None:
     """The flags both PathA scripts share (the original README's names)."""
-    p.add_argument("--pct", type=int, default=30, help="percentile whose confused file to read (default: %(default)s)")
+    p.add_argument("--pct", type=percentile, default=30,
+                   help="percentile whose confused file to read (default: %(default)s)")
     p.add_argument("--dia_out_dir", default=os.environ.get("DIA_OUT_DIR"),
                    help="folder of 01's outputs (default: $DIA_OUT_DIR)")
     p.add_argument("--train_pt", default=None,
                    help="seed training set T0 (default: the one recorded in 01's meta; must be the same data)")
     p.add_argument("--split", default=None, help="BEIR split when --train_pt is a folder (default: 01's)")
     p.add_argument("--out_dir", default="", help=f"output folder (default: <dia_out_dir>/{default_out})")
-    p.add_argument("--top_neg_n", type=int, default=30,
+    p.add_argument("--top_neg_n", type=positive_int, default=30,
                    help="D-(q) = the first N non-positive hits of each confused query (paper and driver: 30; "
                         "original script default 10) (default: %(default)s)")
-    p.add_argument("--eps", type=float, default=0.5,
+    p.add_argument("--eps", type=positive_float, default=0.5,
                    help="eps in CCS = df(e; D-) / (df(e; D+) + eps) (original regex path 0.5, MatDetector 1e-6) "
                         "(default: %(default)s)")
     p.add_argument("--df", default="incidence", choices=["incidence", "unique"],
@@ -283,7 +285,8 @@ def add_pathA_args(p: argparse.ArgumentParser, default_out: str) -> None:
     p.add_argument("--doc_text", default="passage", choices=["passage", "title_passage"],
                    help="text concepts are taken from: the passage that was embedded, or the original's "
                         "'title\\npassage' where the title is that row's query (default: %(default)s)")
-    p.add_argument("--top_export", type=int, default=200, help="concepts in the pathA.entities.top*.jsonl file "
+    p.add_argument("--top_export", type=non_negative_int, default=200,
+                   help="concepts in the pathA.entities.top*.jsonl file "
                                                               "(default: %(default)s)")
     p.add_argument("--log_level", default="INFO", help="logging level (default: %(default)s)")
 

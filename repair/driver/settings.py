@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import shlex
@@ -26,8 +25,9 @@ from pathlib import Path
 from typing import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
+from repair.cli import COUNT_MAX
 from repair.data import write_json
-from repair.driver.settings_table import SETTINGS, Setting
+from repair.driver.settings_table import SETTINGS
 from repair.expansion.relevance_judge import DEFAULT_JUDGE_MODEL
 from repair.expansion.server_pool import split_urls
 from repair.expansion.sources.literature import is_literature_index
@@ -171,28 +171,6 @@ def _where(resolved: Resolved, name: str) -> str:
     return "" if origin in ("environment", "default", "computed") else f" (from {origin})"
 
 
-def _number(s: Setting, value: str) -> tuple[float | None, str | None]:
-    """Parse an int/float setting and check its range; (value, problem)."""
-    try:
-        number = int(value) if s.kind == "int" else float(value)
-    except ValueError:
-        return None, f"{s.name} must be {'an integer' if s.kind == 'int' else 'a number'}, got {value!r}"
-    if isinstance(number, float) and not math.isfinite(number):
-        return None, f"{s.name} must be a finite number, got {value!r}"
-    too_low = s.low is not None and (number <= s.low if s.low_open else number < s.low)
-    too_high = s.high is not None and (number >= s.high if s.high_open else number > s.high)
-    if too_low or too_high:
-        if s.low is not None and s.high is not None:
-            if s.kind == "int":
-                span = f"in {s.low:g}..{s.high:g}"
-            else:
-                span = f"in {'(' if s.low_open else '['}{s.low:g}, {s.high:g}{')' if s.high_open else ']'}"
-        else:
-            span = f"{'>' if s.low_open else '>='} {s.low:g}"
-        return None, f"{s.name} must be {span}, got {value}"
-    return number, None
-
-
 def _looks_like_path(value: str) -> bool:
     """A local path rather than a Hugging Face id (``org/name``): absolute, ~, ./ or ../, or 3+ parts."""
     return value.startswith(("/", "~", "./", "../")) or value.count("/") >= 2 or value in (".", "..")
@@ -281,13 +259,12 @@ def validate(resolved: Resolved, environ: Mapping[str, str], check_installed: bo
     for s in SETTINGS:
         value = v[s.name]
         if s.kind in ("int", "float"):
-            if value == "" and s.shown_default:  # computed later (GEN_ROUND needs |T0|)
-                continue
-            number, problem = _number(s, value)
-            if problem:
-                bad(s.name, problem)
-            else:
-                numbers[s.name] = number
+            if (value == "" and s.shown_default) or resolved.origin.get(s.name) == "computed":
+                continue  # computed later (GEN_ROUND needs |T0|), or a copy checked as its source (GEN_SEED = SEED)
+            try:  # the table's range, checked as the scripts' flag types check theirs (repair.cli.Range)
+                numbers[s.name] = s.range.parse(value)
+            except ValueError as exc:
+                bad(s.name, f"{s.name} {exc}")
         elif s.kind == "flag" and value not in ("0", "1"):
             bad(s.name, f"{s.name} must be 0 or 1, got {value!r}")
         elif s.kind == "choice" and value not in s.choices:
@@ -495,6 +472,26 @@ def training_set_size(train_data: str, split: str) -> int:
         raise SettingsError([f"TRAIN_DATA: {exc}"]) from None
 
 
+def derived_counts(values: Mapping[str, str], t0_size: int) -> dict[str, int]:
+    """T0_SIZE, T0_STEPS (ITER_STEPS=t0's budget, the trainer's count) and TARGET_VALID (VALID_FACTOR x |T0|), in
+    Python's integers: bash's arithmetic wrapped VALID_FACTOR=576460752303423488 into a negative target (issue 44).
+    Each must fit the scripts' count flags (:data:`repair.cli.COUNT_MAX`), else :class:`SettingsError`."""
+    t0_steps = epoch_steps(t0_size, int(values["GLOBAL_BATCH"]), int(values["EPOCHS"]))
+    counts = {"T0_SIZE": t0_size, "T0_STEPS": t0_steps, "TARGET_VALID": int(values["VALID_FACTOR"]) * t0_size}
+    problems = []
+    if counts["TARGET_VALID"] > COUNT_MAX:
+        problems.append(f"VALID_FACTOR x |T0| (Stage II's target of valid tuples) must be at most {COUNT_MAX}, got "
+                        f"{values['VALID_FACTOR']} x {t0_size} = {counts['TARGET_VALID']}")
+    one = values["SCHEDULE"] == "one"  # one schedule of (WARM_START + ITERS) x T0_STEPS steps
+    steps = (int(values["ITERS"]) + int(values["WARM_START"]) if one else 1) * t0_steps
+    if values["ITER_STEPS"] == "t0" and steps > COUNT_MAX:
+        problems.append(f"ITER_STEPS=t0: a training's schedule, {'(WARM_START + ITERS) x ' if one else ''}EPOCHS x "
+                        f"ceil(|T0| / GLOBAL_BATCH) optimizer steps, must be at most {COUNT_MAX}, got {steps}")
+    if problems:
+        raise SettingsError(problems)
+    return counts
+
+
 def shell_assignments(resolved: Resolved) -> str:
     """``NAME='value'`` lines for the driver's ``eval`` (plus the profile's name, file and description)."""
     lines = [f"{name}={shlex.quote(value)}" for name, value in resolved.values.items()]
@@ -524,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         if problems:
             raise SettingsError(problems)
         t0_size = training_set_size(resolved.values["TRAIN_DATA"], resolved.values["TRAIN_SPLIT"])
+        counts = derived_counts(resolved.values, t0_size)
         if not args.no_record:
             check_and_record(Path(resolved.values["OUT_DIR"]).expanduser(), resolved.values,
                              force=resolved.values["FORCE"] == "1")
@@ -531,9 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             sys.stderr.write(problem + "\n")
         return 2
-    # ITER_STEPS=t0's budget: the steps EPOCHS passes over T0 alone take (the trainer's own count, epoch_steps)
-    t0_steps = epoch_steps(t0_size, int(resolved.values["GLOBAL_BATCH"]), int(resolved.values["EPOCHS"]))
-    sys.stdout.write(shell_assignments(resolved) + f"T0_SIZE={t0_size}\nT0_STEPS={t0_steps}\n")
+    sys.stdout.write(shell_assignments(resolved) + "".join(f"{name}={n}\n" for name, n in counts.items()))
     return 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from repair.cli import COUNT_MAX, SEED_MAX, Range
 from repair.expansion.relevance_judge import DEFAULT_JUDGE_K, DEFAULT_JUDGE_MODEL, DEFAULT_THRESHOLD
 from repair.models import DEFAULT_MODEL
 from repair.training.config import CAUSALNEG_QEM_LAMBDA, TrainConfig
@@ -26,13 +27,18 @@ class Setting:
     default: str
     help: str
     kind: str = "text"  # int | float | choice | flag | text | model | path | file | adapter | special
-    low: float | None = None
+    low: float | None = None  # int / float: the range (issue 44: every int has a high, COUNT_MAX or SEED_MAX)
     high: float | None = None
     low_open: bool = False  # range is (low, high] instead of [low, high]
     high_open: bool = False
     choices: tuple[str, ...] = ()
     result: bool = True
     shown_default: str | None = None  # the help's bracket text when the default is computed
+
+    @property
+    def range(self) -> Range:
+        """The check of an int / float setting: the scripts' flag types (:mod:`repair.cli`) parse the same way."""
+        return Range(self.kind == "int", self.low, self.high, self.low_open, self.high_open)
 
 
 _s = Setting  # short name for the table below
@@ -53,31 +59,32 @@ def _number(value: float | int) -> str:
 
 SETTINGS: tuple[Setting, ...] = (
     _s("OUT_DIR", "Run", "runs/repair", "run folder", result=False),
-    _s("ITERS", "Run", "2", "iterations (a larger value extends a finished run)", "int", 1, result=False),
+    _s("ITERS", "Run", "2", "iterations (a larger value extends a finished run)", "int", 1, COUNT_MAX, result=False),
     _s("FORCE", "Run", "0", "1 = redo every step (also: accept settings that differ from the run's record)",
        "flag", result=False),
     _s("PYTHON", "Run", "", "interpreter", result=False, shown_default=".venv/bin/python if present, else python3"),
     _s("DEVICE", "Run", "", "cpu | cuda | cuda:N | mps", "special", result=False, shown_default="auto"),
     _s("NPROC", "Run", "1", "processes per node for torchrun (training) and for 07's encoding; >1 is opt-in "
-       "multi-GPU", "int", 1, result=False),
+       "multi-GPU", "int", 1, COUNT_MAX, result=False),
     _s("NNODES", "Run", "", "nodes of training and 07 (torchrun's c10d rendezvous; inside Slurm srun starts one "
        "launcher per node; OUT_DIR must be on a filesystem every node shares; repair/driver/launch.py)", "int", 1,
-       result=False, shown_default="$SLURM_NNODES, else 1"),
+       COUNT_MAX, result=False, shown_default="$SLURM_NNODES, else 1"),
     _s("NODE_RANK", "Run", "", "this node's number (the driver runs on node 0; outside Slurm node 0 hosts the "
-       "rendezvous)", "int", 0, result=False, shown_default="$SLURM_NODEID, else 0"),
+       "rendezvous)", "int", 0, COUNT_MAX, result=False, shown_default="$SLURM_NODEID, else 0"),
     _s("MASTER_ADDR", "Run", "", "rendezvous host of a multi-node step (outside Slurm: required when NNODES > 1)",
        result=False, shown_default='first name of scontrol show hostnames "$SLURM_JOB_NODELIST"'),
     _s("MASTER_PORT", "Run", "", "rendezvous port", "int", 1, 65535, result=False,
        shown_default="29500 + $SLURM_JOB_ID % 1000, else 29500"),
     _s("SEED", "Run", "42", "seed of training (init, dropout, data order) and, unless GEN_SEED is given, of "
-       "generation", "int", 0),
+       "generation", "int", 0, SEED_MAX),
     _s("GEN_SEED", "Run", "", "seed of what the LLM steps write (05, 06c, 09b: examples drawn, sampling); fixed, runs "
        "of several training SEEDs share one generation (nothing else before training takes a seed)", "int", 0,
+       SEED_MAX,
        shown_default="SEED"),
     _s("MODEL", "Model", DEFAULT_MODEL, "retriever backbone: HF id, folder, alias smollm2-135m | minilm", "model"),
     _s("ADAPTER", "Model", "", "LoRA adapter folder to start from (iteration 1)", "adapter", shown_default="none"),
-    _s("MAX_LENGTH", "Model", "512", "tokens per text incl. EOS", "int", 8),
-    _s("BATCH_SIZE", "Model", "32", "encoding batch size", "int", 1, result=False),
+    _s("MAX_LENGTH", "Model", "512", "tokens per text incl. EOS", "int", 8, COUNT_MAX),
+    _s("BATCH_SIZE", "Model", "32", "encoding batch size", "int", 1, COUNT_MAX, result=False),
     _s("TRAIN_DATA", "Data", "", "T0: original .pt, JSONL {query, positive}, or BEIR folder", "path",
        shown_default="unset = the demo profile"),
     _s("TRAIN_SPLIT", "Data", "train", "BEIR split of T0"),
@@ -85,8 +92,9 @@ SETTINGS: tuple[Setting, ...] = (
        "special", shown_default="none"),
     _s("EVAL_SPLIT", "Data", "test", "split evaluated on BEIR folders"),
     _s("PCT", "Diagnosis (Stage I)", "30", "bottom percentile of margins = Q_conf", "int", 1, 100),
-    _s("DIA_TOP_K", "Diagnosis (Stage I)", "50", "top-k searched per query for the margin", "int", 1),
-    _s("TOP_NEG_N", "Diagnosis (Stage I)", "30", "D-(q): first non-positive hits per confused query", "int", 1),
+    _s("DIA_TOP_K", "Diagnosis (Stage I)", "50", "top-k searched per query for the margin", "int", 2, COUNT_MAX),
+    _s("TOP_NEG_N", "Diagnosis (Stage I)", "30", "D-(q): first non-positive hits per confused query", "int", 1,
+       COUNT_MAX),
     _s("EXTRACTOR", "Diagnosis (Stage I)", "regex", "concept extractor", "choice", choices=("regex", "matdetector")),
     _s("NER_MODEL", "Diagnosis (Stage I)", "yerim0210/MatDetector",
        "token-classification model for EXTRACTOR=matdetector", "model"),
@@ -120,11 +128,12 @@ SETTINGS: tuple[Setting, ...] = (
     _s("OPENAI_EXTRA", "Expansion (Stage II)", "",
        "JSON object merged into every OpenAI-compatible request, e.g. llama.cpp's '{\"repeat_penalty\": 1.2}' (then "
        "no repetition_penalty field is sent: llama.cpp ignores it)", "special", shown_default="none"),
-    _s("TARGET_K", "Expansion (Stage II)", "20", "max negative candidates per verified query", "int", 1),
-    _s("VALID_FACTOR", "Expansion (Stage II)", "2", "stop expansion at VALID_FACTOR x |T0| valid tuples", "int", 1),
-    _s("GEN_ROUND", "Expansion (Stage II)", "", "queries generated per 05 -> 06 round", "int", 1,
+    _s("TARGET_K", "Expansion (Stage II)", "20", "max negative candidates per verified query", "int", 1, COUNT_MAX),
+    _s("VALID_FACTOR", "Expansion (Stage II)", "2", "stop expansion at VALID_FACTOR x |T0| valid tuples", "int", 1,
+       COUNT_MAX),
+    _s("GEN_ROUND", "Expansion (Stage II)", "", "queries generated per 05 -> 06 round", "int", 1, COUNT_MAX,
        shown_default="max(16, |T0|)"),
-    _s("MAX_ROUNDS", "Expansion (Stage II)", "6", "round limit of the 05 -> 06 loop", "int", 1),
+    _s("MAX_ROUNDS", "Expansion (Stage II)", "6", "round limit of the 05 -> 06 loop", "int", 1, COUNT_MAX),
     _s("QUERY_FORM", "Expansion (Stage II)", "title",
        "what q_new is: title = the verified top hit's title (the paper); generated = the generator's own query; "
        "t0 = rewritten in T0's query style (expansion/06c_t0_style_queries.py); doc2query = no concept search: a "
@@ -140,7 +149,7 @@ SETTINGS: tuple[Setting, ...] = (
        "--max_example_chars 300' (a shorter prompt: a CPU generator's time goes into reading it)"),
     _s("D2Q_DOCS", "Expansion (Stage II)", "1",
        "QUERY_FORM=doc2query: documents of each confused query's D-(q) that get a query (each document once)",
-       "int", 1),
+       "int", 1, COUNT_MAX),
     _s("JUDGE", "Expansion (Stage II)", "0",
        "1 = an instruct model judges each verified tuple's first JUDGE_K hits after every 06 (expansion/"
        "06d_judge_relevance.py, issue 30): P(yes) from its logits; the positive becomes the hit rated highest, a "
@@ -153,12 +162,12 @@ SETTINGS: tuple[Setting, ...] = (
        "(bench/judge_accuracy.py: the Qwen2.5-Coder 0.5B / 1.5B judges were near chance on SciFact, docs/results.md)",
        "float", 0, 1),
     _s("JUDGE_K", "Expansion (Stage II)", str(DEFAULT_JUDGE_K),
-       "hits judged per tuple (the positive + the first JUDGE_K - 1 candidates)", "int", 1),
+       "hits judged per tuple (the positive + the first JUDGE_K - 1 candidates)", "int", 1, COUNT_MAX),
     _s("EXPANSION", "Expansion (Stage II)", "1", "0 = skip Stage II (needs CONFUSED_TUPLES=1: Stage III then sees "
        "only the diagnosed T0 queries)", "flag"),
-    _s("TOP_K", "Differentiation (Stage III)", "15", "hard negatives kept per tuple (Eq. 7)", "int", 1),
+    _s("TOP_K", "Differentiation (Stage III)", "15", "hard negatives kept per tuple (Eq. 7)", "int", 1, COUNT_MAX),
     _s("CONSISTENCY_K", "Differentiation (Stage III)", "5", "keep a tuple if rank(d+) <= kappa in its pool (Eq. 6)",
-       "int", 1),
+       "int", 1, COUNT_MAX),
     _s("POOL", "Differentiation (Stage III)", "local", "local (README) | global (original code)", "choice",
        choices=("local", "global")),
     _s("CONFUSED_TUPLES", "Differentiation (Stage III)", "0",
@@ -173,18 +182,18 @@ SETTINGS: tuple[Setting, ...] = (
     _s("NEGATIVES", "Differentiation (Stage III)", "repair",
        "repair | causalneg (adds CoT counterfactual negatives + QEM)", "choice", choices=("repair", "causalneg")),
     _s("CN_K", "Differentiation (Stage III)", "3", "generated counterfactual negatives per query (causalneg)",
-       "int", 1),
+       "int", 1, COUNT_MAX),
     _s("CN_RATIO", "Differentiation (Stage III)", "1.0",
        "share of the kept tuples that get generated negatives (Sec. 4.5)", "float", 0, 1, low_open=True),
     _s("CN_EXTRA", "Differentiation (Stage III)", "",
        "extra flags for differentiation/09b_counterfactual_negatives.py"),
-    _s("EPOCHS", "Training", _trainer("epochs"), "epochs per training", "int", 1),
+    _s("EPOCHS", "Training", _trainer("epochs"), "epochs per training", "int", 1, COUNT_MAX),
     _s("LR", "Training", _trainer("lr"), "AdamW learning rate", "float", 0, low_open=True),
     _s("TEMPERATURE", "Training", _trainer("temperature"), "InfoNCE temperature", "float", 0, low_open=True),
-    _s("GLOBAL_BATCH", "Training", _trainer("global_batch_size"), "examples per optimizer step", "int", 1),
+    _s("GLOBAL_BATCH", "Training", _trainer("global_batch_size"), "examples per optimizer step", "int", 1, COUNT_MAX),
     _s("MINI_BATCH", "Training", _trainer("mini_batch_size"), "GradCache chunk (memory only: same gradients)", "int",
-       1, result=False),
-    _s("NUM_HARD_NEG", "Training", "", "hard negatives per triplet; -1 = all", "int", -1,
+       1, COUNT_MAX, result=False),
+    _s("NUM_HARD_NEG", "Training", "", "hard negatives per triplet; -1 = all", "int", -1, COUNT_MAX,
        shown_default=f"{_trainer('num_hard_negatives')}; causalneg -1"),
     _s("WARMUP_RATIO", "Training", _trainer("warmup_ratio"),
        "linear warmup share of the steps (step 1 of a warmup trains with lr 0)", "float", 0, 1, high_open=True),

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 from repair.evaluation.benchmarks import TASKS, DatasetSpec, check_dataset, dataset_name, infer_task, where_to_get
-from repair.cli import add_retriever_args, fail, load_retriever, model_fields
+from repair.cli import add_retriever_args, fail, load_retriever, model_fields, non_negative_int, positive_int
 from repair.data import write_json
 from repair.evaluation.evaluate import CANDIDATES, DOC_TEXTS, STS_FORMATS, evaluate_dataset, scale_metrics
 from repair.runtime import setup_logging
@@ -52,7 +52,7 @@ def build_parser(task: str | None = None, description: str | None = None) -> arg
                    help="query instruction (default: the dataset name's entry in repair/evaluation/instructions.py, else the "
                         "task's benchmark entry for mesh/relish/sts, else the generic one)")
     if task in (None, "ir", "qa", "mesh", "relish"):
-        p.add_argument("--top_k", type=int, default=None,
+        p.add_argument("--top_k", type=positive_int, default=None,
                        help="documents retrieved per query (default: ir/relish 1000, qa/mesh 100)")
         p.add_argument("--doc_text", choices=DOC_TEXTS, default=None,
                        help="document text: title_text = title + ' ' + text (BEIR) or text only (default: text "
@@ -60,7 +60,7 @@ def build_parser(task: str | None = None, description: str | None = None) -> arg
         p.add_argument("--candidates", choices=CANDIDATES, default=None,
                        help="corpus = search the whole corpus; judged = rank each query's judged documents only "
                             "(default: judged for relish, corpus otherwise)")
-        p.add_argument("--relevance_level", type=int, default=1,
+        p.add_argument("--relevance_level", type=non_negative_int, default=1,
                        help="lowest grade counted relevant by MAP/recall/MRR (nDCG uses the grades as gains; "
                             "default: %(default)s)")
     if task in (None, "sts"):

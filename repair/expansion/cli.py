@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 
-from repair.cli import fail
+from repair.cli import bounded_int, fail, non_negative_float, non_negative_int, positive_float, positive_int
 from repair.expansion.concept_search import concept_groups_to_tuples, run_concept_mode
 from repair.expansion.query_generation import read_concepts
 from repair.runtime import setup_logging
@@ -51,22 +51,22 @@ def build_parser(source: str) -> argparse.ArgumentParser:
                    help="expansion JSONL (appended one complete line at a time; verified tuples only)")
     p.add_argument("--status_jsonl", default=None,
                    help="per-item status log (default: <out_jsonl>.status.jsonl)")
-    p.add_argument("--target_k", type=int, default=DEFAULT_TARGET_K[source],
+    p.add_argument("--target_k", type=positive_int, default=DEFAULT_TARGET_K[source],
                    help="max negative candidates per tuple (query mode) / papers per concept (concept mode) "
                         "(default: %(default)s)")
-    p.add_argument("--search_k", type=int, default=None,
+    p.add_argument("--search_k", type=positive_int, default=None,
                    help="hits asked per query (default: target_k + 1: the positive and target_k others)")
     p.add_argument("--resume", action="store_true",
                    help="continue an existing --out_jsonl: skip done items (refused ones, a 4xx, included), "
                         "retry the failed ones")
-    p.add_argument("--target_valid", type=int, default=None,
+    p.add_argument("--target_valid", type=positive_int, default=None,
                    help="stop once --out_jsonl holds this many valid tuples (the driver passes 2 x |T0|)")
-    p.add_argument("--max_items", type=int, default=None, help="process at most this many items this run")
-    p.add_argument("--workers", type=int, default=0,
+    p.add_argument("--max_items", type=positive_int, default=None, help="process at most this many items this run")
+    p.add_argument("--workers", type=non_negative_int, default=0,
                    help="parallel requests; 0 = one per API key (1 for a bm25s corpus, up to 4 threads for a "
                         "literature index); the output does not depend on it (verdicts are written in input order) "
                         "(default: %(default)s)")
-    p.add_argument("--per_item_sleep", "--per_page_sleep", dest="per_item_sleep", type=float, default=0.0,
+    p.add_argument("--per_item_sleep", "--per_page_sleep", dest="per_item_sleep", type=non_negative_float, default=0.0,
                    help="extra pause in seconds after each item, on top of the rate limits (default: %(default)s)")
     p.add_argument("--allow_duplicate_positives", action="store_true",
                    help="keep a tuple whose positive paper was already verified for an earlier query")
@@ -91,25 +91,27 @@ def build_parser(source: str) -> argparse.ArgumentParser:
                             "(default: $REPAIR_LOCAL_CORPUS)")
         p.add_argument("--index_dir", default=None,
                        help="where the BM25 index is saved/loaded (default: $REPAIR_CACHE/bm25/<corpus sha256>)")
-        p.add_argument("--min_score", type=float, default=0.0,
+        p.add_argument("--min_score", type=non_negative_float, default=0.0,
                        help="BM25 score a hit needs; 0 = any shared non-stopword term (default: %(default)s)")
     else:
         p.add_argument("--key_file", default=None,
                        help=f"API keys, one per line, '#' comments (default: ${KEY_ENVS[source]}, keys separated "
                             "by commas or newlines)")
         p.add_argument("--api_url", default=None, help=f"base URL (default: ${URL_ENVS[source]} or the public API)")
-        p.add_argument("--rate", type=float, default=None,
+        p.add_argument("--rate", type=non_negative_float, default=None,
                        help="requests per second per key; 0 = no limit (a local mirror) (default: 1 for Semantic "
                             "Scholar, 9 for Elsevier)")
-        p.add_argument("--timeout", type=float, default=30.0, help="seconds per request (default: %(default)s)")
-        p.add_argument("--max_retries", type=int, default=5,
+        p.add_argument("--timeout", type=positive_float, default=30.0,
+                       help="seconds per request (default: %(default)s)")
+        p.add_argument("--max_retries", type=non_negative_int, default=5,
                        help="retries on 429/5xx/timeouts, exponential backoff (default: %(default)s)")
-        p.add_argument("--backoff", type=float, default=1.0,
+        p.add_argument("--backoff", type=non_negative_float, default=1.0,
                        help="first backoff wait in seconds, doubled each retry (default: %(default)s)")
         p.add_argument("--cache_dir", default=None,
                        help="on-disk response cache (default: $REPAIR_CACHE/http; 'none' disables it)")
     if source == "semantic_scholar":
-        p.add_argument("--page_limit", type=int, default=100, help="results per page, <= 100 (default: %(default)s)")
+        p.add_argument("--page_limit", type=bounded_int(1, 100), default=100,
+                       help="results per page, <= 100 (default: %(default)s)")
     if source == "elsevier":
         p.add_argument("--view", default="auto", choices=["auto", "COMPLETE", "STANDARD"],
                        help="Scopus view; auto = COMPLETE when entitled, else STANDARD + Abstract Retrieval "

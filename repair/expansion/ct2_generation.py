@@ -256,7 +256,9 @@ class CT2Generator:
         sampling = ({"sampling_topk": 0, "sampling_topp": top_p, "sampling_temperature": temperature}
                     if do_sample else {"sampling_topk": 1})
         if do_sample:
-            ctranslate2.set_random_seed(seed)
+            # the engine's seed is an unsigned 32-bit int; callers derive theirs from --seed (05: seed x 100003 +
+            # round), which passes 2**32 for large seeds (issue 44). Below 2**32 the seed is unchanged.
+            ctranslate2.set_random_seed(seed % 2**32)
             self.reload()
         # the prompts' longest common token prefix (the chat header, 05's instructions: 100 of ~130 tokens) is
         # computed once and cached; one token of every prompt stays out of it so each has a start token. The

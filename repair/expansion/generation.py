@@ -25,6 +25,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from repair.cli import non_negative_float, positive_float, positive_int, positive_share
 from repair.expansion.local_llm import Prompt, format_prompt, load_generation_tokenizer, merge_adapter
 from repair.models import DEFAULT_MODEL
 from repair.expansion.server_pool import ServerPool, split_urls
@@ -232,7 +233,8 @@ def add_generator_args(parser, default_model_help: str = f"{DEFAULT_MODEL}, the 
     g.add_argument("--device", default=None, help="hf: cpu | cuda | cuda:N (default: cuda when available)")
     g.add_argument("--dtype", default=None,
                    help="hf: float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)")
-    g.add_argument("--batch_size", type=int, default=None, help=f"hf: prompts per forward (default: {default_batch_help})")
+    g.add_argument("--batch_size", type=positive_int, default=None,
+                   help=f"hf: prompts per forward (default: {default_batch_help})")
     g.add_argument("--chat_template", choices=["auto", "on", "off"], default="auto",
                    help="hf: wrap prompts in the tokenizer's chat template (auto: when it has one)")
     g.add_argument("--trust_remote_code", action="store_true", help="hf: allow model code from the model folder")
@@ -243,18 +245,19 @@ def add_generator_args(parser, default_model_help: str = f"{DEFAULT_MODEL}, the 
     g.add_argument("--openai_no_repetition_penalty", action="store_true",
                    help="openai: do not send repetition_penalty (the official API rejects it; vLLM accepts it)")
     g.add_argument("--openai_extra", default=None, help="openai: JSON object merged into every request body")
-    g.add_argument("--concurrency", type=int, default=4,
+    g.add_argument("--concurrency", type=positive_int, default=4,
                    help="openai: requests in flight per server (default: %(default)s)")
 
 
 def add_sampling_args(parser, max_new_tokens: int = DEFAULT_SAMPLING["max_new_tokens"]) -> None:
     """``--temperature --top_p --repetition_penalty --max_new_tokens`` (defaults of the original 05)."""
     s = parser.add_argument_group("sampling (defaults of the original 05)")
-    s.add_argument("--temperature", type=float, default=DEFAULT_SAMPLING["temperature"], help="(default: %(default)s)")
-    s.add_argument("--top_p", type=float, default=DEFAULT_SAMPLING["top_p"], help="(default: %(default)s)")
-    s.add_argument("--repetition_penalty", type=float, default=DEFAULT_SAMPLING["repetition_penalty"],
+    s.add_argument("--temperature", type=non_negative_float, default=DEFAULT_SAMPLING["temperature"],
                    help="(default: %(default)s)")
-    s.add_argument("--max_new_tokens", type=int, default=max_new_tokens, help="(default: %(default)s)")
+    s.add_argument("--top_p", type=positive_share, default=DEFAULT_SAMPLING["top_p"], help="(default: %(default)s)")
+    s.add_argument("--repetition_penalty", type=positive_float, default=DEFAULT_SAMPLING["repetition_penalty"],
+                   help="(default: %(default)s)")
+    s.add_argument("--max_new_tokens", type=positive_int, default=max_new_tokens, help="(default: %(default)s)")
 
 
 def sampling_from_args(args) -> dict:
