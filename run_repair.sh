@@ -20,8 +20,9 @@
 # (a bad value stops the run in a second, naming the setting), and recorded in $OUT_DIR/settings.json.
 # A rerun skips finished steps and resumes unfinished ones (05/06 and training resume where they stopped);
 # it refuses settings that differ from the recorded ones (naming each; a new OUT_DIR or FORCE=1 proceeds).
-# FORCE=1 first removes every marker and step output of OUT_DIR (logs and caches stay), then redoes everything. Layout: $OUT_DIR/iter{k}/{diagnosis,expansion,differentiation,adapter,eval},
-# logs in $OUT_DIR/logs, the report in $OUT_DIR/report.md.
+# FORCE=1 first removes every marker and step output of OUT_DIR (logs and caches stay), then redoes everything.
+# Layout: $OUT_DIR/iter{k}/{diagnosis,expansion,differentiation,adapter,eval}, logs in $OUT_DIR/logs, the report
+# in $OUT_DIR/report.md.
 # To run one stage by hand exactly as the driver did, copy its command from $OUT_DIR/logs/<step>.cmd: the
 # scripts' own defaults (e.g. --max_length 512) are not the demo profile's (configs/demo.env: 128).
 set -euo pipefail

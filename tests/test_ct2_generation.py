@@ -252,8 +252,10 @@ def test_two_conversions_of_one_model_at_once_both_finish_with_one_folder(tmp_pa
         with open(second_log, "w") as log:
             second = subprocess.Popen([sys.executable, "-c", SECOND_CHILD, str(folder)], cwd=ROOT, env=env,
                                       stdout=subprocess.PIPE, stderr=log, text=True)
-        while time.monotonic() < deadline + 60 and second.poll() is None and "waiting for" not in second_log.read_text():
-            time.sleep(0.1)  # the second run is waiting for the first (or, unlocked, has finished on its own)
+        # until the second run waits for the first (or, without a lock, has finished on its own)
+        while (time.monotonic() < deadline + 60 and second.poll() is None
+               and "waiting for" not in second_log.read_text()):
+            time.sleep(0.1)
         go.write_text("")
         out1, err1 = first.communicate(timeout=120)
         out2, _ = second.communicate(timeout=120)
