@@ -24,9 +24,10 @@
 # the rules live) gives each one's default and each profile's value. Settings are checked before any work
 # (a bad value stops the run in a second, naming the setting), and recorded in $OUT_DIR/settings.json.
 # A rerun skips finished steps and resumes unfinished ones (05/06 and training resume where they stopped);
-# it refuses settings that differ from the recorded ones (naming each; a new OUT_DIR or FORCE=1 proceeds,
-# FORCE=1 redoes everything). Layout: $OUT_DIR/iter{k}/{diagnosis,expansion,differentiation,adapter,eval},
-# logs in $OUT_DIR/logs, the report in $OUT_DIR/report.md.
+# it refuses settings that differ from the recorded ones (naming each; a new OUT_DIR or FORCE=1 proceeds).
+# FORCE=1 first removes every marker and step output of OUT_DIR (logs and caches stay), then redoes everything.
+# Layout: $OUT_DIR/iter{k}/{diagnosis,expansion,differentiation,adapter,eval}, logs in $OUT_DIR/logs, the report
+# in $OUT_DIR/report.md.
 # To run one stage by hand exactly as the driver did, copy its command from $OUT_DIR/logs/<step>.cmd: the
 # scripts' own defaults (e.g. --max_length 512) are not the demo profile's (configs/demo.env: 128).
 set -euo pipefail
@@ -72,6 +73,9 @@ OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 LOGS="$OUT_DIR/logs"
 STATE="$OUT_DIR/.state"
 EMB_CACHE="$OUT_DIR/cache/embeddings"
+# FORCE=1 (issue 44): start the run folder over before any step, so nothing of a run with other settings is resumed
+# or skipped, now or by a plain rerun after this run is killed (repair/driver/steps.py: clear_run)
+if [[ "$FORCE" == 1 ]]; then "$PYTHON" -m repair.driver.steps clear "$OUT_DIR"; fi
 export TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 # peft's PeftModel() reads transformers' deprecated is_gradient_checkpointing on every adapter load: one
 # FutureWarning per load (9 in a demo) that says nothing about the run
@@ -82,15 +86,15 @@ say() { printf '[repair %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
 # step NAME OUTPUT_PATH COMMAND...: skip when done (marker), else run with a log; stop the run on failure.
 # The log gets every line; the console gets them too, except a stage's one-line JSON summary, which is
-# shown as a short "summary:" line (its full text stays in the log). OUTPUT_PATH is what FORCE=1 removes first.
+# shown as a short "summary:" line (its full text stays in the log). OUTPUT_PATH names the step's main output for
+# the reader; FORCE=1 has removed every output before the first step (clear_run above).
 # A finished step also lists the files it wrote in $STATE/NAME.outputs (repair/driver/steps.py: the files changed
 # since its first start), so a run's steps can be reused file by file.
 STEPS_RUN=0
 step() {
-  local name=$1 output=$2; shift 2
+  local name=$1; shift 2  # $2: OUTPUT_PATH (see above)
   local marker="$STATE/$name.done" log="$LOGS/$name.log"
   if [[ -f "$marker" && "$FORCE" != 1 ]]; then say "skip  $name (done)"; return 0; fi
-  if [[ "$FORCE" == 1 && -f "$marker" && -n "$output" ]]; then rm -rf "$output"; fi
   rm -f "$marker"
   local fresh=(); [[ "$FORCE" == 1 ]] && fresh=(--fresh)
   "$PYTHON" -m repair.driver.steps begin "$STATE" "$name" "${fresh[@]}"
@@ -275,7 +279,6 @@ for ((k = 1; k <= ITERS; k++)); do
 
   if [[ "$QUERY_FORM" == t0 && "$EXPANSION" == 1 ]]; then  # issue 16: q_new rewritten in T0's query style
     EXPT0="$EXP/expansion.t0.bottom_${PP}pct.jsonl"
-    if [[ "$FORCE" == 1 ]]; then rm -f "$EXPT0"*; fi
     T0_RESUME=(); [[ -f "$EXPT0" ]] && T0_RESUME=(--resume)
     step "iter$k.06c_t0_style" "" "$PYTHON" "$HERE/expansion/06c_t0_style_queries.py" --input_jsonl "$EXPJ" \
       --train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT" --out_jsonl "$EXPT0" --seed "$GEN_SEED" --style "$QUERY_STYLE" \
@@ -290,7 +293,6 @@ for ((k = 1; k <= ITERS; k++)); do
   fi
   if [[ "$D2Q" == 1 ]]; then
     EXPJ="$EXP/expansion.doc2query.bottom_${PP}pct.jsonl"
-    if [[ "$FORCE" == 1 ]]; then rm -f "$EXPJ"*; fi
     D2Q_RESUME=(); [[ -f "$EXPJ" ]] && D2Q_RESUME=(--resume)
     step "iter$k.06c_doc2query" "" "$PYTHON" "$HERE/expansion/06c_t0_style_queries.py" --input_jsonl "$CONFJ" \
       --doc2query "$D2Q_DOCS" --train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT" --out_jsonl "$EXPJ" --seed "$GEN_SEED" \

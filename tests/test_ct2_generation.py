@@ -211,3 +211,65 @@ def test_retriever_adapter_is_merged_before_conversion(tiny_dir, tmp_path):
     assert ct2.generate(PROMPTS, **kw) == with_adapter
     plain = CT2Generator(str(tiny_dir), device="cpu", batch_size=4, quantization="float32", threads=1)
     assert plain.folder != ct2.folder and plain.generate(PROMPTS, **kw) != with_adapter
+
+
+HELD_CHILD = """
+import sys, time
+from pathlib import Path
+from ctranslate2.converters import TransformersConverter
+import repair.expansion.ct2_generation as m
+real = TransformersConverter.convert
+def convert_then_wait(self, output_dir, **kw):
+    out = real(self, output_dir, **kw)          # the weights are in this run's temporary folder, not yet renamed
+    Path(sys.argv[2]).write_text(output_dir)
+    while not Path(sys.argv[3]).exists():
+        time.sleep(0.05)
+    return out
+TransformersConverter.convert = convert_then_wait
+print(m.convert(sys.argv[1], "float32"))
+"""
+SECOND_CHILD = """
+import logging, sys
+import repair.expansion.ct2_generation as m
+logging.basicConfig(level=logging.INFO)
+print(m.convert(sys.argv[1], "float32"))
+"""
+
+
+def test_two_conversions_of_one_model_at_once_both_finish_with_one_folder(tmp_path):
+    """Issue 44: a conversion removed every ``.<target>.*.tmp`` folder before starting, so a second run converting
+    the same model deleted the first one's work (which then failed at its rename). Now the second waits for the
+    first and uses its folder: both succeed, one verified folder, no leftovers."""
+    folder = build_tiny_causal(tmp_path / "tiny")
+    written, go = tmp_path / "written", tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen([sys.executable, "-c", HELD_CHILD, str(folder), str(written), str(go)], cwd=ROOT,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    second = None
+    try:
+        deadline = time.monotonic() + 120
+        while not written.exists() and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.1)
+        assert written.exists(), first.communicate()[1][-2000:]
+        second_log = tmp_path / "second.log"
+        with open(second_log, "w") as log:
+            second = subprocess.Popen([sys.executable, "-c", SECOND_CHILD, str(folder)], cwd=ROOT, env=env,
+                                      stdout=subprocess.PIPE, stderr=log, text=True)
+        # until the second run waits for the first (or, without a lock, has finished on its own)
+        while (time.monotonic() < deadline + 60 and second.poll() is None
+               and "waiting for" not in second_log.read_text()):
+            time.sleep(0.1)
+        go.write_text("")
+        out1, err1 = first.communicate(timeout=120)
+        out2, _ = second.communicate(timeout=120)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    target = converted_folder(folder, "float32", source_sha256(folder))
+    assert first.returncode == 0, err1[-2000:]
+    assert second.returncode == 0, second_log.read_text()[-2000:]
+    assert out1.strip() == out2.strip() == str(target) and (target / RECORD).is_file()
+    assert "waiting for another process converting" in second_log.read_text()
+    assert not list(tmp_path.glob(".tiny.ct2-*.tmp")) and [p.name for p in tmp_path.glob("tiny.ct2-*")] == [target.name]
+    assert convert(folder, "float32") == target  # verified against its record

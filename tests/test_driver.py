@@ -649,3 +649,38 @@ def test_driver_doc2query_writes_queries_from_the_confusing_documents(tiny_model
     report = json.loads((run / "report.json").read_text())["iterations"][1]
     assert report["generated"] == len([json.loads(x) for x in open(f"{written}.sources.jsonl")])
     assert report["generated_accepted"] == len(tuples)
+
+
+def test_driver_force_retrains_every_training_with_the_new_settings(tiny_model_dir, tmp_path):
+    """Issue 44: after a finished run, FORCE=1 LR=5e-3 "re-ran" every step but the trainings said "training already
+    finished" (the driver passed --resume, the trainer returned before comparing settings): the old adapters stayed,
+    under a settings.json with the new LR and model cards that gave both. Now FORCE=1 starts the run folder over:
+    the warm start, each iteration's training and its control are retrained (other weights), T0's BM25 negatives
+    are mined again, and every card, training_args.json and settings.json say the new LR."""
+    data = make_corpus(tmp_path / "matsci")
+    env = driver_env(tmp_path, tiny_model_dir, data, "http://127.0.0.1:9", "run_force")
+    env.update({"ITERS": "1", "EVAL_DATA": "", "EXPANSION": "0", "CONFUSED_TUPLES": "1", "T0_NEGATIVES": "bm25",
+                "WARM_START": "1", "ITER_STEPS": "t0", "CONTROL": "1"})
+    run = tmp_path / "run_force"
+    folders = [run / "iter0" / "adapter", run / "iter1" / "adapter", run / "iter1" / "control"]
+
+    def sha(folder: Path) -> str:
+        import hashlib
+        return hashlib.sha256((folder / "adapter_model.safetensors").read_bytes()).hexdigest()
+
+    first = run_driver(env, timeout=900)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    before = {f: sha(f) for f in folders}
+    forced = run_driver({**env, "FORCE": "1", "LR": "5e-3"}, timeout=900)
+    assert forced.returncode == 0, forced.stdout[-3000:] + forced.stderr[-3000:]
+    out = forced.stdout + forced.stderr
+    assert "already finished" not in out and " (done)" not in out
+    for step in ("t0.bm25_negatives", "iter0.10_warm_start", "iter1.10_train", "iter1.10_control"):
+        assert f"start {step} " in forced.stdout and "--resume" not in (run / "logs" / f"{step}.cmd").read_text()
+    assert json.loads((run / "settings.json").read_text())["settings"]["LR"] == 0.005
+    for folder in folders:
+        assert sha(folder) != before[folder], folder
+        assert json.loads((folder / "training_args.json").read_text())["lr"] == 0.005
+        card = (folder / "README.md").read_text()
+        assert "| batch / lr / temperature | 8 / 0.005 / " in card and "| LR | `0.005` |" in card, card
+        assert "0.001" not in card and "--lr 5e-3 " in card  # the old LR nowhere; the command that trained it

@@ -62,3 +62,26 @@ def test_the_python_step_runner_records_what_its_command_wrote(tmp_path):
                                         "p.parent.mkdir(parents=True); p.write_text('q')"])
     assert (run / ".state" / "iter1.05_generate.r1.done").exists()
     assert step_outputs(run / ".state", "iter1.05_generate.r1") == ["iter1/expansion/generated.jsonl"]
+
+
+def test_force_clears_every_marker_and_step_output_before_any_step(tmp_path):
+    """FORCE=1 (issue 44) starts the run folder over before its first step: a step cleared only when reached left
+    the later steps' markers and files (a trained adapter) of the old settings, which a FORCE run killed midway and
+    then rerun plainly would skip or resume. The settings record, the logs and the content-keyed caches stay."""
+    run = tmp_path / "run"
+    made = {".state/iter1.10_train.done": "3", ".state/iter1.10_train.outputs": "", "iter0/adapter/a.safetensors": "w",
+            "iter1/adapter/checkpoints/step-1/state.json": "{}", "iter12/eval/eval.json": "{}",
+            "t0_negatives/t0_bm25.jsonl": "{}", "report.md": "r", "report.json": "{}", "train_loss.png": "p",
+            "settings.json": "{}", "logs/iter1.10_train.log": "l", "cache/embeddings/x/meta.json": "{}",
+            "iteration_notes/mine.txt": "a user's", "notes.md": "a user's"}
+    for rel, text in made.items():
+        (run / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run / rel).write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "repair.driver.steps", "clear", str(run)], cwd=ROOT,
+                          capture_output=True, text=True, check=True)
+    assert "FORCE=1: removed the earlier run's markers and outputs (.state, iter0, iter1, iter12, report.json, " \
+           "report.md, t0_negatives, train_loss.png)" in proc.stdout
+    left = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
+    assert left == ["cache/embeddings/x/meta.json", "iteration_notes/mine.txt", "logs/iter1.10_train.log", "notes.md",
+                    "settings.json"]
+    assert (run / ".state").is_dir() and not any((run / ".state").iterdir())

@@ -324,6 +324,13 @@ def test_05_tiny_model_resume_gives_stable_ids(tiny_causal, tmp_path):
     assert summary["this_run"]["rounds_done"] == 0 and read_jsonl(stepped) == read_jsonl(straight)
     with pytest.raises(ValueError, match=r"rounds\.jsonl:1: this file was generated with seed=3"):
         _run_05([*base, "--seed", "4", "--out_jsonl", str(stepped), "--num_queries", "9", "--resume"])
+    # issue 44: new rounds written by another sampling or another generator would have been appended silently
+    with pytest.raises(ValueError, match=r"rounds\.jsonl:1: this file was generated with sampling\.max_new_tokens=12, "
+                                         r"not 20; resume with the same settings"):
+        _run_05([*base, "--max_new_tokens", "20", "--out_jsonl", str(stepped), "--num_queries", "9", "--resume"])
+    other = str(tiny_causal) + "/"  # the same weights named otherwise: another model as far as the file can tell
+    with pytest.raises(ValueError, match=r"this file was generated with generator\.model="):
+        _run_05([*base, "--model", other, "--out_jsonl", str(stepped), "--num_queries", "9", "--resume"])
 
 
 def test_05_openai_backend_with_grounding(tmp_path, monkeypatch):

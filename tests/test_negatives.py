@@ -432,6 +432,27 @@ def test_resume_skips_a_partial_last_line_but_names_a_corrupt_one(tmp_path, corp
         run_negatives(items[:2], out, CONFIGS["mined"], corpus=corpus, resume=True, progress=False)
 
 
+def test_a_resume_with_other_settings_is_refused_in_one_line(tmp_path):
+    """Issue 44: 09b --resume skipped the queries already written and appended the rest made with the new settings
+    (another --num_mined, another seed), exit 0. Now it stops before any work with one line naming each difference;
+    a resume with the same settings still goes on where the file stopped."""
+    out = tmp_path / "mined.jsonl"
+    common = ["--config", "mined", "--input", TINY, "--split", "train", "--corpus", TINY, "--index_dir",
+              tmp_path / "idx", "--output_jsonl", out]
+    _run([*common, "--num_mined", 5, "--max_items", 3])
+    before = out.read_text()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(SCRIPT), *map(str, common), "--num_mined", "4", "--seed", "7",
+                           "--resume", "--no_progress"], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {out}: cannot --resume a file made with other settings (num_mined: the file was made with 5, now 4; "
+        "settings.seed: the file was made with 42, now 7); rerun with its settings or choose another --output_jsonl")
+    assert out.read_text() == before
+    again = _run([*common, "--num_mined", 5, "--resume"])
+    assert again["skipped_done"] == 3 and again["written"] == again["items"] - 3
+
+
 # ---------------------------------------------------------------------------------------------- a real (tiny) model
 def test_tiny_local_model_garbage_is_counted_and_survived(tmp_path):
     """A random-weight causal LM writes garbage: every output is rejected, retried, counted; lines still come out."""

@@ -234,6 +234,10 @@ def test_t0_rewrite_with_a_tiny_model_keeps_tuples_resumes_and_survives_a_kill(t
         rewrite_t0_style(expansion, seed_set, generator, out, k=2, seed=5, chunk_size=4, progress=False)
     with pytest.raises(ValueError, match=r"rewritten\.jsonl:1: this file was written with seed=5, not 6"):
         rewrite_t0_style(expansion, seed_set, generator, out, k=2, seed=6, chunk_size=4, resume=True, progress=False)
+    other = HFGenerator(str(tiny_causal) + "/", device="cpu", batch_size=4)  # issue 44: another generator's name
+    with pytest.raises(ValueError, match=r"rewritten\.jsonl:1: this file was written with generator=\{'backend': "
+                                         r"'hf', 'model': '[^']+'}, not \{'backend': 'hf', 'model': '[^']+/'}"):
+        rewrite_t0_style(expansion, seed_set, other, out, k=2, seed=5, chunk_size=4, resume=True, progress=False)
     # a run killed after two lines (and half of a third) of chunk 0: the resume redoes chunk 0 whole, same bytes
     killed = tmp_path / "killed.jsonl"
     lines = before.decode().splitlines(keepends=True)

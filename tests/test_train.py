@@ -4,6 +4,7 @@ checkpoints resume to the weights of an uninterrupted run (also after SIGKILL), 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -239,6 +240,33 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tiny_model_dir, data_fil
     for name in ref:
         torch.testing.assert_close(got[name], ref[name], atol=1e-6, rtol=0)
     assert [r["step"] for r in read_jsonl(out / "train_log.jsonl")] == list(range(1, 9))
+
+
+def test_a_resume_with_other_settings_is_refused_in_one_line(tiny_model_dir, data_files, reference_run, tmp_path):
+    """Issue 44: --resume of a finished folder with another --lr said "training already finished" and kept the old
+    weights (the driver's FORCE=1 LR=5e-4 then described them as trained with 5e-4); an unfinished one resumed under
+    the new temperature. Now both stop before any work with one line naming each difference, the folder untouched."""
+    ref_out, _ = reference_run
+    weights = ref_out / "adapter_model.safetensors"
+    before = hashlib.sha256(weights.read_bytes()).hexdigest()
+    argv = base_argv(tiny_model_dir, data_files, ref_out, "--save_steps", "4", "--resume", "--lr", "5e-4",
+                     "--seed", "6", "--mini_batch_size", "2", "--device", "cpu")  # the last two change no weight
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(SCRIPT), *argv], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")] == [
+        f"error: {ref_out}: cannot --resume a run made with other settings (lr: the folder was trained with 0.002, "
+        "now 0.0005; seed: the folder was trained with 5, now 6); rerun with its settings, or start over with "
+        "--overwrite_output_dir or a new --output_dir"]
+    assert "already finished" not in proc.stdout + proc.stderr and proc.stdout == ""
+    assert hashlib.sha256(weights.read_bytes()).hexdigest() == before
+
+    stopped = tmp_path / "stopped"
+    argv = base_argv(tiny_model_dir, data_files, stopped, "--save_steps", "1")
+    assert train(cli_config(argv + ["--stop_after_steps", "1"]))["status"] == "stopped"
+    with pytest.raises(ValueError, match=r"\(temperature: the folder was trained with 0\.05, now 0\.1\)"):
+        train(cli_config(argv + ["--resume", "--temperature", "0.1"]))
+    assert [r["step"] for r in read_jsonl(stopped / "train_log.jsonl")] == [1]
 
 
 def test_init_adapter_continues_from_the_previous_adapter(tiny_model_dir, data_files, reference_run, tmp_path):

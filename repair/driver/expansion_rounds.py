@@ -127,7 +127,7 @@ def run_expansion_rounds(stage: ExpansionRounds, runner: StepRunner, *, python: 
         valid_text = marker.read_text().strip()
         say(f"skip  {stage.iteration}.expansion (done: {valid_text} valid tuples)")
         return int(valid_text)
-    if runner.force and marker.exists():
+    if runner.force:  # also after a killed attempt (no marker): FORCE never resumes its files (issue 44)
         for path in stage.outputs():
             if path.is_file():
                 path.unlink()

@@ -60,8 +60,8 @@ def _number(value: float | int) -> str:
 SETTINGS: tuple[Setting, ...] = (
     _s("OUT_DIR", "Run", "runs/repair", "run folder", result=False),
     _s("ITERS", "Run", "2", "iterations (a larger value extends a finished run)", "int", 1, COUNT_MAX, result=False),
-    _s("FORCE", "Run", "0", "1 = redo every step (also: accept settings that differ from the run's record)",
-       "flag", result=False),
+    _s("FORCE", "Run", "0", "1 = remove the run's markers and step outputs, then redo every step (also: accept "
+       "settings that differ from the run's record)", "flag", result=False),
     _s("PYTHON", "Run", "", "interpreter", result=False, shown_default=".venv/bin/python if present, else python3"),
     _s("DEVICE", "Run", "", "cpu | cuda | cuda:N | mps", "special", result=False, shown_default="auto"),
     _s("NPROC", "Run", "1", "processes per node for torchrun (training) and for 07's encoding; >1 is opt-in "

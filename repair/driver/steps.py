@@ -11,6 +11,10 @@ relative to ``$OUT_DIR``), found as the files changed since the step first start
 across a killed attempt so a resumed step lists what the first attempt wrote too). A tool that reuses a run's
 steps (the quality study) copies exactly those files with the marker, without knowing where each stage writes.
 
+``FORCE=1`` starts the run folder over before its first step (:func:`clear_run`, issue 44): every marker and every
+step output goes, so no step resumes or skips on what a run with other settings left, and a FORCE run killed midway
+resumes (without FORCE) from its own outputs only. The settings record, the logs and the content-keyed caches stay.
+
 Separate from the stages it runs: this is driver bookkeeping, shared by every part of the driver written in
 Python (the Stage II rounds, :mod:`repair.driver.expansion_rounds`), so the console and ``$OUT_DIR/logs`` read the same
 whichever language started the step.
@@ -18,7 +22,10 @@ whichever language started the step.
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -30,6 +37,11 @@ from repair.evaluation.report import relay_step_output
 
 # $OUT_DIR's folders no step output lives in: the markers, the logs, and the shared embedding cache
 NOT_OUTPUTS = (".state", "logs", "cache")
+# what FORCE=1 removes from $OUT_DIR (every folder or file a step or the report writes): iteration folders are
+# matched by RUN_ITERATION, the rest by name. Not removed: settings.json (already the new record), logs/ (history)
+# and cache/ (keyed by content: an embedding by the adapter's bytes, a judgment by the judge model and prompt)
+RUN_ITERATION = re.compile(r"iter\d+")
+RUN_OUTPUTS = ("t0_negatives", "report.md", "report.json", "margins.png", "triplet_scores.png", "train_loss.png")
 
 
 class StepFailed(RuntimeError):
@@ -97,6 +109,24 @@ def _run_logged(name: str, cmd: list[str], log: Path) -> int:
     return status or tee_status
 
 
+def clear_run(out_dir: str | os.PathLike) -> list[str]:
+    """FORCE=1: remove the markers (``.state``) and every step output of the run folder ``out_dir``; returns the
+    names removed. Why all at once, before any step: a step cleared only when the run reaches it leaves the later
+    steps' markers and files of the old settings, which a FORCE run killed midway and then rerun plainly would skip
+    or resume (a trained adapter with the old learning rate under a settings.json with the new one)."""
+    out_dir = Path(out_dir)
+    removed = []
+    for path in sorted(out_dir.iterdir()) if out_dir.is_dir() else []:
+        if path.name == ".state" or path.name in RUN_OUTPUTS or (path.is_dir() and RUN_ITERATION.fullmatch(path.name)):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            removed.append(path.name)
+    (out_dir / ".state").mkdir(parents=True, exist_ok=True)
+    return removed
+
+
 def begin_outputs(state_dir: str | Path, name: str, fresh: bool = False) -> None:
     """Stamp the first start of step ``name`` (kept when a killed attempt left it, unless ``fresh``: FORCE=1)."""
     stamp = Path(state_dir) / f"{name}.started"
@@ -132,15 +162,23 @@ def step_outputs(state_dir: str | Path, name: str) -> list[str] | None:
 
 
 def _main(argv: list[str]) -> int:
-    """``python -m repair.driver.steps begin|record STATE_DIR NAME [--fresh]``: run_repair.sh's step() calls."""
+    """``python -m repair.driver.steps begin|record STATE_DIR NAME [--fresh]`` (run_repair.sh's step() calls) and
+    ``python -m repair.driver.steps clear OUT_DIR`` (FORCE=1)."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m repair.driver.steps", description=_main.__doc__)
-    p.add_argument("action", choices=("begin", "record"), help="begin: stamp the step's start; record: list its files")
-    p.add_argument("state_dir", help="the driver's marker folder ($OUT_DIR/.state)")
-    p.add_argument("name", help="the step's name (iter1.08_hardneg)")
+    p.add_argument("action", choices=("begin", "record", "clear"),
+                   help="begin: stamp the step's start; record: list its files; clear: FORCE=1's start over")
+    p.add_argument("state_dir", help="the driver's marker folder ($OUT_DIR/.state); clear: the run folder $OUT_DIR")
+    p.add_argument("name", nargs="?", help="the step's name (iter1.08_hardneg); not for clear")
     p.add_argument("--fresh", action="store_true", help="begin: restamp even if a killed attempt left a stamp")
     args = p.parse_args(argv)
+    if args.action == "clear":
+        removed = clear_run(args.state_dir)
+        say(f"FORCE=1: removed the earlier run's markers and outputs ({', '.join(removed) or 'none'})")
+        return 0
+    if not args.name:
+        p.error(f"{args.action} needs the step's name")
     if args.action == "begin":
         begin_outputs(args.state_dir, args.name, fresh=args.fresh)
     else:

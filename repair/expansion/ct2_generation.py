@@ -22,8 +22,9 @@ import logging
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from repair.data import file_sha256
 from repair.expansion.local_llm import Prompt, load_generation_tokenizer
@@ -127,7 +128,8 @@ def convert(hf_folder: str | os.PathLike, quantization: str = DEFAULT_QUANTIZATI
     """The CTranslate2 folder for ``hf_folder`` (+ ``adapter``) at ``quantization``, converted on first use.
 
     Written under a temporary name beside the target and renamed when complete, so a killed conversion leaves
-    only a ``.tmp`` folder that no later run reads (it is removed by the next conversion of the same model).
+    only a ``.tmp`` folder that no later run reads (it is removed by the next conversion of the same model). One
+    process at a time converts a target (:func:`_conversion_lock`); another waits, then uses the finished folder.
     """
     import ctranslate2
     from ctranslate2.converters import TransformersConverter
@@ -142,25 +144,48 @@ def convert(hf_folder: str | os.PathLike, quantization: str = DEFAULT_QUANTIZATI
     if target.exists():
         verify_converted(target)
         return target
-    for stale in hf.parent.glob(f".{target.name}.*.tmp"):  # a killed conversion's leftovers
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=hf.parent))
-    logger.info("converting %s%s to CTranslate2 %s in %s (one time)", hf, f" + {adapter}" if adapter else "",
-                quantization, target)
-    try:
-        source = _merged_source(hf, adapter, tmp) if adapter else hf
-        out = tmp / "model"
-        TransformersConverter(str(source), low_cpu_mem_usage=True).convert(str(out), quantization=quantization)
-        (out / RECORD).write_text(json.dumps({
-            "source": str(hf), "source_sha256": key, "adapter": adapter, "quantization": quantization,
-            "ctranslate2": ctranslate2.__version__, "files": _file_record(out)}, indent=1))
-        if target.exists():  # another process finished first
+    with _conversion_lock(target):
+        if target.exists():  # another process converted it while this one waited
             verify_converted(target)
-        else:
+            return target
+        # a killed conversion's leftovers: only a dead process's, since a live converter of this target holds the lock
+        for stale in hf.parent.glob(f".{target.name}.*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=hf.parent))
+        logger.info("converting %s%s to CTranslate2 %s in %s (one time)", hf, f" + {adapter}" if adapter else "",
+                    quantization, target)
+        try:
+            source = _merged_source(hf, adapter, tmp) if adapter else hf
+            out = tmp / "model"
+            TransformersConverter(str(source), low_cpu_mem_usage=True).convert(str(out), quantization=quantization)
+            (out / RECORD).write_text(json.dumps({
+                "source": str(hf), "source_sha256": key, "adapter": adapter, "quantization": quantization,
+                "ctranslate2": ctranslate2.__version__, "files": _file_record(out)}, indent=1))
             os.replace(out, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+@contextmanager
+def _conversion_lock(target: Path) -> Iterator[None]:
+    """Hold ``.<target>.lock`` beside ``target`` (``fcntl.flock``, exclusive) while converting it, waiting for a
+    holder (issue 44): two runs converting the same model at once each removed the other's temporary folder as a
+    killed conversion's leftovers. The kernel drops a killed process's lock, so a leftover is still cleared by the
+    next conversion. The lock file itself stays (empty; removing it would let a third process lock a new file)."""
+    import fcntl
+
+    lock_path = target.with_name(f".{target.name}.lock")
+    with open(lock_path, "a+b") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("waiting for another process converting %s (lock %s)", target, lock_path)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _common_prefix(seqs: list[list[str]]) -> int:

@@ -12,6 +12,7 @@ REPAIR asks a generator for, and how it judges the answer.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -266,14 +267,20 @@ def _existing_ids(path: Path, required: dict) -> set[str]:
 
 
 def _existing_rounds(path: Path, settings: dict) -> set[int]:
-    """Finished rounds of a 05 file; a file made with another seed / round size / prompt cannot be resumed
-    (its ids would mean different queries)."""
+    """Finished rounds of a 05 file; a file made with another seed / round size / prompt cannot be resumed (its ids
+    would mean different queries), nor one made by another generator or sampling (issue 44: its new rounds would be
+    written another way than its old ones). Settings an older file lacks are not compared."""
     done = set()
     for lineno, rec in iter_appended_jsonl(path, required={"round": int}, with_lineno=True):
         for name, value in settings.items():
-            if name in rec and rec[name] != value:
-                raise ValueError(f"{path}:{lineno}: this file was generated with {name}={rec[name]!r}, not "
-                                 f"{value!r}; resume with the same settings or start a new --out_jsonl")
+            if name not in rec:
+                continue
+            pairs = ([(f"{name}.{k}", rec[name].get(k), v) for k, v in value.items()]
+                     if isinstance(value, dict) and isinstance(rec[name], dict) else [(name, rec[name], value)])
+            for shown, old, new in pairs:
+                if old != new:
+                    raise ValueError(f"{path}:{lineno}: this file was generated with {shown}={old!r}, not {new!r}; "
+                                     "resume with the same settings or start a new --out_jsonl")
         done.add(rec["round"])
     return done
 
@@ -295,12 +302,14 @@ def generate_queries(concepts: list[str], generator: Any, out_jsonl: str | Path,
     if template == "original":
         min_concepts = max_concepts = 1
     existing = _existing_ids(out_jsonl, GENERATED_REQUIRED)
-    settings = {"seed": seed, "round_size": round_size, "prompt_id": PROMPT_IDS[template]}
+    info = generator.describe() if hasattr(generator, "describe") else {"backend": "custom"}
+    describe = {k: info[k] for k in ("backend", "model", "adapter") if info.get(k) is not None}
+    settings = {"seed": seed, "round_size": round_size, "prompt_id": PROMPT_IDS[template],
+                "generator": {k: describe.get(k) for k in ("backend", "model", "adapter")},
+                "sampling": json.loads(json.dumps(sampling))}
     done_rounds = _existing_rounds(rounds_file, settings)
     n_rounds = math.ceil(num_queries / round_size)
     stats = GenerationStats()
-    info = generator.describe() if hasattr(generator, "describe") else {"backend": "custom"}
-    describe = {k: info[k] for k in ("backend", "model", "adapter") if info.get(k) is not None}
     with JsonlAppender(out_jsonl) as out, JsonlAppender(rounds_file) as rounds_log:
         for r in tqdm(range(n_rounds), desc="05 query generation", unit="round", disable=not progress):
             if r in done_rounds:

@@ -11,6 +11,7 @@ on 06's output, only when the driver's QUERY_FORM asks for it; it reuses 05's cl
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import re
@@ -175,12 +176,14 @@ def _read_expansion_for_rewrite(path: str | Path) -> list[dict]:
     return rows
 
 
-def _t0_done(out_jsonl: Path, status_path: Path, settings: dict) -> set[str]:
-    """Ids already written (or dropped) by an earlier run with the same settings; other settings are an error."""
+def _t0_done(out_jsonl: Path, status_path: Path, settings: dict, generator: dict) -> set[str]:
+    """Ids already written (or dropped) by an earlier run with the same settings and generator (its backend, model
+    and adapter: issue 44); other settings are an error."""
     done: set[str] = set()
     for path in (out_jsonl, status_path):
         for lineno, rec in iter_appended_jsonl(path, required={"id": str, "t0_rewrite": dict}, with_lineno=True):
-            for name, value in {"contrast": None, **settings}.items():  # (a file without contrast has no key)
+            written_by = {"generator": generator} if "generator" in rec["t0_rewrite"] else {}  # status lines: none
+            for name, value in {"contrast": None, **settings, **written_by}.items():  # (no contrast key: off)
                 if rec["t0_rewrite"].get(name) != value:
                     raise ValueError(f"{path}:{lineno}: this file was written with {name}="
                                      f"{rec['t0_rewrite'].get(name)!r}, not {value!r}; resume with the same settings "
@@ -242,9 +245,9 @@ def rewrite_t0_style(expansion_jsonl: str | Path, seed_set: SeedSet, generator: 
     settings = {"prompt_id": T0_STYLE_PROMPT_ID, "seed": seed, "k": k, "style": style, "chunk_size": chunk_size}
     if contrast:  # recorded only when on, so files written before the option resume as they were
         settings["contrast"] = True
-    done = _t0_done(out_jsonl, status_path, settings)
     info = generator.describe() if hasattr(generator, "describe") else {"backend": "custom"}
     describe = {key: info[key] for key in ("backend", "model", "adapter") if info.get(key) is not None}
+    done = _t0_done(out_jsonl, status_path, settings, json.loads(json.dumps(describe)))
     example_ids = seed_set.query_ids or [str(r) for r in seed_set.kept_rows] or [str(i) for i in range(len(seed_set))]
     stats = T0StyleStats(style=style, max_words=max_words, tuples=len(rows))
     logger.info("T0-style queries: style %s (%s), %d examples per prompt, at most %d words", style,

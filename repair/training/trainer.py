@@ -13,6 +13,7 @@ adapter (or full model) + tokenizer + ``training_args.json`` + ``train_log.jsonl
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -33,7 +34,7 @@ from repair.training.gradcache import allreduce_gradients, contrastive_step
 from repair.training.losses import contrastive_objective
 from repair.models import ENCODER_MODEL_TYPES, ModelSpec
 from repair.runtime import dist_info, pick_device, set_seed
-from repair.training.config import CONTINUE_KEYS, RESUME_KEYS, TrainConfig, epoch_steps
+from repair.training.config import CONTINUE_KEYS, RESUME_KEYS, RUNTIME_KEYS, TrainConfig, epoch_steps
 from repair.training.data import TrainingData, build_layout, epoch_order, load_training_data, stats_table
 
 logger = logging.getLogger(__name__)
@@ -278,6 +279,28 @@ def training_finished(output_dir: str | os.PathLike) -> bool:
     return isinstance(result, dict) and result.get("status") == "finished"
 
 
+def resume_conflicts(cfg: TrainConfig, output_dir: Path) -> list[str]:
+    """What a ``--resume`` of ``output_dir`` would change: each field of :class:`TrainConfig` outside
+    :data:`RUNTIME_KEYS` whose value in the folder's ``training_args.json`` (written when a run starts, rewritten
+    with the result when it ends) differs from ``cfg``'s, as ``lr: the folder was trained with 0.0001, now 0.0005``.
+    Fields an older record lacks are not compared. Why: a resume (or a finished folder returned as it is) under
+    other settings would hand back weights the new settings did not make (issue 44: FORCE=1 with a new LR kept the
+    old adapter)."""
+    path = output_dir / ARGS_FILE
+    if not path.is_file():
+        return []
+    try:
+        recorded = read_json(path)
+    except ValueError as exc:
+        raise ValueError(f"{path}: unreadable ({exc}); --overwrite_output_dir starts the run over") from None
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{path}: not a JSON object; --overwrite_output_dir starts the run over")
+    now = json.loads(json.dumps(asdict(cfg)))  # as the record holds it (lists, floats)
+    return [f"{key}: the folder was trained with {recorded[key]!r}, now {value!r}" for key, value in now.items()
+            if key not in RUNTIME_KEYS and key in recorded and recorded[key] != value
+            and not (key == "pooling" and value is None)]  # the record holds the pooling "auto" resolved to
+
+
 def _check_output_dir(cfg: TrainConfig, output_dir: Path) -> bool:
     """Whether the folder holds an earlier run; refuse to mix runs unless --resume or --overwrite_output_dir."""
     busy = bool(training_finished(output_dir) or list_checkpoints(output_dir) or (output_dir / TRAIN_LOG).exists())
@@ -389,6 +412,10 @@ def train(cfg: TrainConfig) -> dict:
     cfg.validate()
     rank, world = dist_info()
     output_dir = Path(cfg.output_dir)
+    conflicts = resume_conflicts(cfg, output_dir) if cfg.resume and not cfg.overwrite_output_dir else []
+    if conflicts:  # before "already finished": a finished folder made with other settings is not this run's result
+        raise ValueError(f"{output_dir}: cannot --resume a run made with other settings ({'; '.join(conflicts)}); "
+                         "rerun with its settings, or start over with --overwrite_output_dir or a new --output_dir")
     if cfg.resume and not cfg.overwrite_output_dir and training_finished(output_dir):
         logger.info("%s: training already finished; nothing to resume", output_dir)
         return {**read_json(output_dir / ARGS_FILE).get("result", {}), "status": "already_finished"}

@@ -8,6 +8,7 @@ an earlier run's generations (``--generated_from``), the line's fields and the f
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -16,7 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from repair.data import GENERATED, MINED, DataError, JsonlAppender, iter_appended_jsonl, iter_jsonl, write_json
+from repair.data import (GENERATED, MINED, DataError, JsonlAppender, iter_appended_jsonl, iter_jsonl, read_json,
+                         write_json)
 from repair.text import word_key
 from repair.differentiation.causalneg.generate import GeneratedNegative, GenerationSettings, GenerationStats, generate_negatives
 from repair.differentiation.causalneg.inputs import CorpusNegative, CorpusNegatives, NegItem
@@ -149,6 +151,44 @@ def load_generated(path: str | os.PathLike, method: str) -> dict[str, list[Gener
     return out
 
 
+# the stats file's fields that decide an output line (besides the item): a resumed file must keep them (issue 44)
+RESUME_FIELDS = ("config", "mined_from", "num_mined", "method", "ratio", "settings", "generated_from", "input", "split",
+                 "corpus", "generator")
+GENERATOR_FIELDS = ("backend", "model", "adapter")  # of a generator's describe(): which model writes
+
+
+def _resume_view(stats: dict) -> dict[str, object]:
+    """:data:`RESUME_FIELDS` of a stats record, flat (``settings.k``, ``generator.model``), as JSON holds them."""
+    out: dict[str, object] = {}
+    for name in RESUME_FIELDS:
+        value = stats.get(name)
+        if name == "config" and isinstance(value, dict):
+            value = value.get("name")
+        if name == "generator" and isinstance(value, dict):
+            value = {k: value.get(k) for k in GENERATOR_FIELDS}
+        if isinstance(value, dict):
+            out.update({f"{name}.{k}": v for k, v in value.items()})
+        elif name in stats:
+            out[name] = value
+    return json.loads(json.dumps(out, default=str))
+
+
+def resume_conflicts(stats_path: Path, now: dict) -> list[str]:
+    """What a ``--resume`` would change: each field of :data:`RESUME_FIELDS` whose value in the file's stats JSON
+    (rewritten after every chunk) differs from ``now``, as ``ratio: the file was made with 1.0, now 0.5``. Why: a
+    resume under other settings appended lines made another way to the old ones, silently (issue 44). Fields an
+    older stats file lacks are not compared; without a stats file (killed before its first chunk) nothing is."""
+    if not stats_path.is_file():
+        return []
+    try:
+        recorded = read_json(stats_path)
+    except ValueError as exc:
+        raise DataError(f"{stats_path}: unreadable ({exc}); delete it and the output to start over") from None
+    old, new = _resume_view(recorded if isinstance(recorded, dict) else {}), _resume_view(now)
+    return [f"{key}: the file was made with {old[key]!r}, now {value!r}" for key, value in new.items()
+            if key in old and old[key] != value]
+
+
 def run_negatives(items: Sequence[NegItem], out_path: str | os.PathLike, config: NegativeConfig, *,
                   generator=None, corpus: CorpusNegatives | None = None, mined_from: str | None = None,
                   num_mined: int | None = None, method: str | None = None, ratio: float = 1.0,
@@ -177,6 +217,13 @@ def run_negatives(items: Sequence[NegItem], out_path: str | os.PathLike, config:
     stats_path = Path(stats_path) if stats_path else out_path.with_name(out_path.name + ".stats.json")
     if out_path.exists() and out_path.stat().st_size > 0 and not resume:
         raise FileExistsError(f"{out_path} exists; pass --resume to continue it or choose another output")
+    if resume and out_path.exists() and out_path.stat().st_size > 0:
+        conflicts = resume_conflicts(stats_path, {
+            "config": config.name, "mined_from": mined_from, "num_mined": num_mined, "method": method, "ratio": ratio,
+            "settings": asdict(settings), "generated_from": str(generated_from or "") or None, **(run_info or {})})
+        if conflicts:
+            raise ValueError(f"{out_path}: cannot --resume a file made with other settings ({'; '.join(conflicts)}); "
+                             "rerun with its settings or choose another --output_jsonl")
     done = done_keys(out_path) if resume else set()
     aug = augmented_keys(items, ratio, settings.seed) if method != "none" else set()
     if aug and generator is None and generated_from is None:
