@@ -835,18 +835,42 @@ def report(rows: Sequence[dict], markdown: bool = False) -> str:
                           _mb(r["rss_anon_mb"]), "-" if r.get("queries_per_s") is None else r["queries_per_s"],
                           dominant_part(rows, stage, engine, threads, r["size"]) or "-"))
         title = f"{stage} {engine}  ({group[0]['unit']}, {threads} thread{'s' * (threads != 1)})"
-        if markdown:
-            lines += [f"\n**{title}**: {slope_line(stage, engine, group)}\n",
-                      "| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
-            lines += ["| " + " | ".join(map(str, cells)) + " |" for cells in table]
+        if markdown:  # one line per stage and engine: docs/benchmarks.md's growth table
+            if not lines:
+                lines += ["| stage | engine | unit | size: seconds, peak RSS MB (dominant part) | slope | expected "
+                          "| verdict |", "|---|---|---|---|---:|---:|---|"]
+            cells = "<br>".join(f"{r['size']:,}: {r['seconds']:.3g} s, {_mb(r['peak_rss_mb'])} MB"
+                                + (f", {r['queries_per_s']:.0f} q/s" if r.get("queries_per_s") else "")
+                                + (f" ({part})" if (part := dominant_part(rows, stage, engine, threads, r["size"]))
+                                   else "") for r in group)
+            fit = fit_slope([r["size"] for r in group], [r["seconds"] for r in group])
+            exp = expected_slope(stage, engine)
+            verdict = "-" if not (fit and exp) else (
+                "**faster than required**" if fit[0] > exp[0] + SLOPE_TOLERANCE else "ok")
+            parts = part_slopes(rows, stage, engine, threads)
+            lines.append(f"| {stage} | {engine} | {group[0]['unit']} | {cells} | "
+                         f"{'-' if fit is None else f'{fit[0]:.2f}'}{f' ({parts})' if parts else ''} | "
+                         f"{'-' if exp is None else exp[0]} | {verdict} |")
         else:
+            parts = part_slopes(rows, stage, engine, threads)
             lines += [f"\n{title}", text_table(table, header, align="r", rule="  "),
-                      "  " + slope_line(stage, engine, group)]
+                      "  " + slope_line(stage, engine, group) + (f"\n  slopes of its parts: {parts}" if parts else "")]
     return "\n".join(lines)
 
 
 def _mb(v) -> str:
     return "-" if v is None else f"{v:.0f}"
+
+
+def part_slopes(rows: Sequence[dict], stage: str, engine: str, threads: int) -> str:
+    """"part slope, ..." of a stage's parts (which part grows how), '' when it has none."""
+    out = []
+    for (s, e, t), group in series(rows).items():
+        if s == stage and t == threads and e.startswith(engine + "["):
+            fit = fit_slope([r["size"] for r in group], [r["seconds"] for r in group])
+            if fit:
+                out.append(f"{e[len(engine) + 1:-1]} {fit[0]:.2f}")
+    return ", ".join(out)
 
 
 def slope_line(stage: str, engine: str, group: Sequence[dict]) -> str:
