@@ -57,8 +57,6 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # the repository's `repair` (and tests.helpers_generation) before any install
-    sys.path.insert(0, str(ROOT))
 
 FIELDS = ("stage", "engine", "size", "unit", "threads", "seconds", "peak_rss_mb", "rss_anon_mb", "queries_per_s")
 # two more, null where they do not apply: the projection needs the index's size on disk, and issue 41 asks for
@@ -694,6 +692,7 @@ def child_env(threads: int) -> dict[str, str]:
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS"):
         env[var] = str(threads)
+    # the children import this checkout's `repair` and the tests' tiny-model builder (tests.helpers_generation)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     return env
 
@@ -743,7 +742,8 @@ def plan(args) -> Iterator[tuple[str, str, list[int]]]:
     for stage in args.stages:
         if stage == "06":
             mod = literature_module()
-            sizes = sorted(args.sizes) if args.sizes else sorted(SIZES["06"][0] + (SIZES["06"][1] if args.large else []))
+            small, large = SIZES["06"]
+            sizes = sorted(args.sizes) if args.sizes else sorted(small + (large if args.large else []))
             if mod is None:
                 print("06: repair.expansion.sources.literature is not installed here; timing only bm25s "
                       f"(LocalCorpus, up to {args.bm25s_max} papers)", file=sys.stderr, flush=True)
