@@ -753,7 +753,8 @@ def plan(args) -> Iterator[tuple[str, str, list[int]]]:
                     yield sub, literature_engine(mod), sizes
             continue
         for engine in engines_for(stage, args):
-            yield stage, engine, sizes_for(stage, engine, args)
+            if not args.engines or any(engine.startswith(e) for e in args.engines):
+                yield stage, engine, sizes_for(stage, engine, args)
 
 
 # ============================================================================================ results
@@ -1010,6 +1011,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stages", nargs="+", default=list(ALL_STAGES), choices=ALL_STAGES,
                    help="stages to measure (default: all; 06 needs its corpora on disk: see --large)")
+    p.add_argument("--engines", nargs="+", default=None,
+                   help="only the engines starting with these (e.g. 'search' for 01's fixed-corpus search)")
     p.add_argument("--sizes", nargs="+", type=int, default=None,
                    help="sizes for every chosen stage instead of each stage's defaults")
     p.add_argument("--large", action="store_true",
