@@ -740,16 +740,18 @@ def sizes_for(stage: str, engine: str, args) -> list[int]:
 def plan(args) -> Iterator[tuple[str, str, list[int]]]:
     """(stage, engine, sizes) in the order they run: 07 before 08 before 09 at each size."""
     for stage in args.stages:
-        if stage == "06":
+        if stage.startswith("06"):
             mod = literature_module()
             small, large = SIZES["06"]
             sizes = sorted(args.sizes) if args.sizes else sorted(small + (large if args.large else []))
             if mod is None:
                 print("06: repair.expansion.sources.literature is not installed here; timing only bm25s "
                       f"(LocalCorpus, up to {args.bm25s_max} papers)", file=sys.stderr, flush=True)
-            for sub in ("06_build", "06_search"):
-                yield sub, "bm25s", [s for s in sizes if s <= args.bm25s_max]
-                if mod is not None:
+            # "06_search" alone searches the indexes built before (e.g. again with --threads 2)
+            for sub in ("06_build", "06_search") if stage == "06" else (stage,):
+                if not args.engines or "bm25s" in args.engines:
+                    yield sub, "bm25s", [s for s in sizes if s <= args.bm25s_max]
+                if mod is not None and (not args.engines or literature_engine(mod) in args.engines):
                     yield sub, literature_engine(mod), sizes
             continue
         for engine in engines_for(stage, args):
@@ -1009,7 +1011,7 @@ def plot(rows: Sequence[dict], path: Path) -> None:
 # ============================================================================================ main
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stages", nargs="+", default=list(ALL_STAGES), choices=ALL_STAGES,
+    p.add_argument("--stages", nargs="+", default=list(ALL_STAGES), choices=ALL_STAGES + ("06_build", "06_search"),
                    help="stages to measure (default: all; 06 needs its corpora on disk: see --large)")
     p.add_argument("--engines", nargs="+", default=None,
                    help="only the engines starting with these (e.g. 'search' for 01's fixed-corpus search)")
