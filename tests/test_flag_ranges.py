@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,9 @@ IR_TINY = ROOT / "tests" / "fixtures" / "eval" / "ir-tiny"
 # the scripts a user runs, and the library modules that build parts of their parsers
 SCRIPT_DIRS = ("diagnosis", "expansion", "differentiation", "training", "eval")
 PARSER_MODULES = ("repair/cli.py", "repair/diagnosis/stages.py", "repair/expansion/cli.py",
-                  "repair/expansion/generation.py", "repair/evaluation/cli.py")
+                  "repair/expansion/generation.py", "repair/evaluation/cli.py",
+                  # library modules with a command line of their own (python -m ...)
+                  "repair/expansion/sources/s2_datasets.py", "repair/expansion/sources/literature.py")
 
 
 def refusal(flag_type, text: str) -> str:
@@ -110,6 +115,38 @@ def test_out_of_range_flags_stop_each_script_in_one_line_before_any_output(tmp_p
             assert not out.exists() and not list(tmp_path.glob("out*")), "an output was left behind"
         except AssertionError as exc:
             wrong.append(f"{script} {flag}: {exc}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_library_command_lines_refuse_out_of_range_numbers_in_one_line(tmp_path):
+    """``python -m repair.expansion.sources.literature`` and ``... .s2_datasets`` take repair.cli's flag types too: a
+    zero thread count, a negative k, zero workers or a NaN timeout is argparse's one line and exit 2, before any
+    folder is made or any request sent (the API URL points at a closed port)."""
+    out = tmp_path / "out"
+    corpus = write(tmp_path / "papers.jsonl", ['{"id": "p1", "title": "Graphene", "abstract": "a"}'])
+    lit, s2 = "repair.expansion.sources.literature", "repair.expansion.sources.s2_datasets"
+    cases = [(lit, ["build", str(corpus), "--index", str(out), "--threads", "0"], "--threads",
+              "must be in 1..2147483647, got 0"),
+             (lit, ["search", "graphene", "--index", str(out), "--k", "-1"], "--k", "must be in 1..2147483647, got -1"),
+             (s2, ["download", "--out", str(out), "--workers", "0", "--max_retries", "0"], "--workers",
+              "must be in 1..2147483647, got 0"),
+             (s2, ["download", "--out", str(out), "--timeout", "nan", "--max_retries", "0"], "--timeout",
+              "must be a finite number, got 'nan'"),
+             (s2, ["list", "--max_retries", "-1"], "--max_retries", "must be in 0..2147483647, got -1")]
+    env = {k: v for k, v in os.environ.items() if k != "S2_API_KEY"}
+    env |= {"S2_DATASETS_API_URL": "http://127.0.0.1:9", "OMP_NUM_THREADS": "1"}
+    wrong = []
+    for module, args, flag, message in cases:
+        proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env,
+                              cwd=ROOT, timeout=120)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        try:
+            assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+            assert lines[-1].endswith(f": error: argument {flag}: {message}"), proc.stderr[-2000:]
+            assert sum("error:" in ln for ln in lines) == 1, proc.stderr[-2000:]
+            assert not out.exists(), "a folder was made"
+        except (AssertionError, IndexError) as exc:
+            wrong.append(f"{module} {flag}: {exc}")
     assert not wrong, "\n".join(wrong)
 
 

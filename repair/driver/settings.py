@@ -1,4 +1,5 @@
-"""Resolving, checking and recording the driver's settings (the table itself: :mod:`repair.driver.settings_table`).
+"""Resolving, checking and recording the driver's settings (the table itself: :mod:`repair.driver.settings_table`;
+the run folder's record of them: :mod:`repair.driver.run_record`).
 
 Why in Python: the driver used to check a few settings in bash and let the rest fail minutes into a run
 (``PCT=150`` failed in step 01 after the baseline evaluation), and a rerun in a finished run folder silently
@@ -23,18 +24,17 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from repair.cli import COUNT_MAX
-from repair.data import write_json
-from repair.driver.settings_table import SETTINGS
+from repair.driver.run_record import RECORD_FILE, check_and_record, record_of, without_credentials  # noqa: F401
+from repair.driver.settings_table import SETTINGS, SettingsError
 from repair.expansion.relevance_judge import DEFAULT_JUDGE_MODEL
 from repair.expansion.server_pool import split_urls
 from repair.expansion.sources.literature import is_literature_index
 from repair.models import check_adapter_weights, check_model_name
 from repair.training.config import CAUSALNEG_QEM_LAMBDA, TrainConfig, epoch_steps
 
-RECORD_FILE = "settings.json"
 PROFILE_DIR = "configs"
 ROOT_VARIABLE = "REPAIR_ROOT"  # ${REPAIR_ROOT} in a profile value = the repository root
 PROFILE_NOTE_KEY = "ABOUT"  # a profile's one-line description (banner and --help)
@@ -49,14 +49,6 @@ OPTIONAL_MODEL_USED = {
     "NER_MODEL": lambda v: v["EXTRACTOR"] == "matdetector",
     "JUDGE_MODEL": lambda v: v["JUDGE"] == "1" and v["GENERATOR"] == "hf",  # openai: the generator's server judges
 }
-
-
-class SettingsError(ValueError):
-    """One or more settings are invalid; ``problems`` holds one message per setting."""
-
-    def __init__(self, problems: list[str]):
-        super().__init__("\n".join(problems))
-        self.problems = problems
 
 
 @dataclass
@@ -333,7 +325,7 @@ def validate(resolved: Resolved, environ: Mapping[str, str], check_installed: bo
     for url in split_urls(v["OPENAI_URL"]) if v["OPENAI_URL"].strip() else []:  # several servers: comma-separated
         if urlsplit(url).scheme not in ("http", "https"):
             bad("OPENAI_URL", f"OPENAI_URL must be an http(s):// URL (several servers: comma-separated), got "
-                              f"{_without_credentials(url)!r}")
+                              f"{without_credentials(url)!r}")
     if "TOP_K" in numbers and "CONSISTENCY_K" in numbers and numbers["TOP_K"] < numbers["CONSISTENCY_K"]:
         bad("TOP_K", f"TOP_K ({v['TOP_K']}) must be >= CONSISTENCY_K ({v['CONSISTENCY_K']}): 09 decides "
                      f"rank(d+) <= kappa from 08's top-k list")
@@ -357,80 +349,6 @@ def validate(resolved: Resolved, environ: Mapping[str, str], check_installed: bo
     if v["SCHEDULE"] == "one" and v["ITER_STEPS"] != "t0":
         bad("SCHEDULE", "SCHEDULE=one splits one schedule into equal slices of T0_STEPS: it needs ITER_STEPS=t0")
     return problems
-
-
-# ------------------------------------------------------------------------------------------ the run's record
-def _without_credentials(url: str) -> str:
-    """A URL without user:password@ and query string, so a record or message never carries a secret."""
-    parts = urlsplit(url)
-    if not parts.scheme:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
-
-
-def _absolute(value: str) -> str:
-    return os.path.abspath(os.path.expanduser(value)) if value else value
-
-
-def record_of(values: Mapping[str, str]) -> dict[str, object]:
-    """The settings as recorded in ``settings.json``: numbers typed (1e-4 == 0.0001), paths absolute (a rerun
-    from another folder is the same run), model names as given unless they are local folders."""
-    out: dict[str, object] = {}
-    for s in SETTINGS:
-        value = values.get(s.name, "")
-        if s.kind in ("int", "float") and value != "":
-            number = float(value)
-            out[s.name] = int(number) if s.kind == "int" else number
-        elif s.kind in ("path", "file", "adapter") or (s.name == "OUT_DIR"):
-            out[s.name] = _absolute(value)
-        elif s.kind == "model" or s.name == "GEN_ADAPTER":
-            out[s.name] = _absolute(value) if value and os.path.exists(os.path.expanduser(value)) else value
-        elif s.name == "EVAL_DATA":
-            specs = []
-            for spec in value.split():
-                head, sep, path = spec.rpartition(":")
-                specs.append(f"{head}{sep}{_absolute(path)}")
-            out[s.name] = " ".join(specs)
-        elif s.name == "OPENAI_URL":
-            out[s.name] = ",".join(_without_credentials(u) for u in split_urls(value)) if value.strip() else value
-        else:
-            out[s.name] = value
-    return out
-
-
-def differences(recorded: Mapping[str, object], now: Mapping[str, object]) -> list[str]:
-    """Result-changing settings whose value differs from the record (settings missing from an older record are
-    not compared)."""
-    return [f"{s.name}: the run used {recorded[s.name]!r}, now {now[s.name]!r}"
-            for s in SETTINGS if s.result and s.name in recorded and recorded[s.name] != now.get(s.name)]
-
-
-def has_finished_steps(out_dir: Path) -> bool:
-    return any((out_dir / ".state").glob("*.done"))
-
-
-def check_and_record(out_dir: Path, values: Mapping[str, str], force: bool) -> None:
-    """Refuse a rerun whose result-changing settings differ from those the run's finished steps were made with
-    (:class:`SettingsError` naming each); otherwise (re)write ``settings.json``."""
-    now = record_of(values)
-    path = out_dir / RECORD_FILE
-    if path.exists() and not force and has_finished_steps(out_dir):
-        try:
-            recorded = json.loads(path.read_text(encoding="utf-8")).get("settings", {})
-        except (json.JSONDecodeError, AttributeError) as exc:
-            raise SettingsError([f"{path}: unreadable settings record ({exc}); FORCE=1 rewrites it"]) from None
-        diff = differences(recorded, now)
-        if diff:
-            raise SettingsError([f"{out_dir} holds a run made with other settings ({path}):"]
-                                + [f"  {d}" for d in diff]
-                                + ["Its finished steps would be skipped and the changes ignored. Rerun with the "
-                                   "recorded settings, use a new OUT_DIR, or FORCE=1 to redo every step with the "
-                                   "new ones."])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(path, {"written_by": "run_repair.sh", "settings": now})
 
 
 # ------------------------------------------------------------------------------------------ help

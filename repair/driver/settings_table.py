@@ -1,9 +1,10 @@
 """The table of every ``run_repair.sh`` setting: name, group, default, check, help, and whether it changes results.
 
-Apart from :mod:`repair.driver.settings` (which resolves, validates and records them) so that adding a setting is one
-entry here, read top to bottom like the driver's ``--help``, which is generated from it. MODEL and the Training
-defaults are not restated: they come from :data:`repair.models.DEFAULT_MODEL` and
-:class:`repair.training.config.TrainConfig`.
+Apart from :mod:`repair.driver.settings` (which resolves and validates them; :mod:`repair.driver.run_record` records
+them) so that adding a setting is one entry here, read top to bottom like the driver's ``--help``, which is generated
+from it. MODEL and the Training defaults are not restated: they come from :data:`repair.models.DEFAULT_MODEL` and
+:class:`repair.training.config.TrainConfig`. :class:`SettingsError` (the one error of bad settings) lives here, below
+both.
 """
 
 from __future__ import annotations
@@ -15,6 +16,14 @@ from repair.cli import COUNT_MAX, SEED_MAX, Range
 from repair.expansion.relevance_judge import DEFAULT_JUDGE_K, DEFAULT_JUDGE_MODEL, DEFAULT_THRESHOLD
 from repair.models import DEFAULT_MODEL
 from repair.training.config import CAUSALNEG_QEM_LAMBDA, TrainConfig
+
+
+class SettingsError(ValueError):
+    """One or more settings are invalid; ``problems`` holds one message per setting."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
 
 
 @dataclass(frozen=True)

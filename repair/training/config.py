@@ -30,7 +30,7 @@ CONTINUE_KEYS = ("global_batch_size", "seed", "full_finetune", "lora_r", "lora_a
 BASE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # fields that do not change the trained weights: where files go, how often to log or save, memory (mini-batches
 # give the same gradients), the device, the progress bar. A resumed run may change these; every other field of
-# TrainConfig is compared with the run it resumes (:func:`repair.training.trainer.resume_conflicts`, issue 44).
+# TrainConfig is compared with the run it resumes (:func:`repair.training.checkpoints.resume_conflicts`, issue 44).
 RUNTIME_KEYS = frozenset({"output_dir", "resume", "overwrite_output_dir", "save_steps", "save_total_limit",
                           "logging_steps", "logging_dir", "device", "show_progress", "command", "stop_after_steps",
                           "mini_batch_size", "gradient_checkpointing", "trust_remote_code"})

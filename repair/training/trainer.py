@@ -5,43 +5,42 @@ code path inference uses), with the InfoNCE loss of Eq. 8 (+ CausalNeg's QEM) ov
 batch, gradient-cached (:mod:`repair.training.gradcache`) so the global batch (256 in the paper) fits one device, and
 spread over ``torchrun`` ranks with all-gathered negatives. AdamW, linear warmup + decay, gradient clipping.
 
-Everything needed to continue is checkpointed (trainable weights, optimizer, scheduler, RNG, step); the data
-order of an epoch is a pure function of (seed, epoch), so the step number alone says where to continue and a
-resumed run ends with the weights an uninterrupted run would have. The final folder is a ``save_pretrained``
-adapter (or full model) + tokenizer + ``training_args.json`` + ``train_log.jsonl`` (+ the script's model card).
+Everything needed to continue is checkpointed (:mod:`repair.training.checkpoints`: trainable weights, optimizer,
+scheduler, RNG, step); the data order of an epoch is a pure function of (seed, epoch), so the step number alone
+says where to continue and a resumed run ends with the weights an uninterrupted run would have. The final folder is
+a ``save_pretrained`` adapter (or full model) + tokenizer + ``training_args.json`` + ``train_log.jsonl`` (+ the
+script's model card).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
-import random
 import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from repair.data import JsonlAppender, iter_appended_jsonl, load_torch_file, read_json, write_json, write_jsonl
+from repair.data import JsonlAppender, iter_appended_jsonl, read_json, write_json, write_jsonl
 from repair.encoding import Retriever
 from repair.training.gradcache import allreduce_gradients, contrastive_step
 from repair.training.losses import contrastive_objective
 from repair.models import ENCODER_MODEL_TYPES, ModelSpec
 from repair.runtime import dist_info, pick_device, set_seed
-from repair.training.config import CONTINUE_KEYS, RESUME_KEYS, RUNTIME_KEYS, TrainConfig, epoch_steps
+from repair.training.checkpoints import (ARGS_FILE, CHECKPOINTS, TRAIN_LOG, barrier, continue_schedule,
+                                         list_checkpoints, load_checkpoint, resume_conflicts, save_checkpoint,
+                                         trainable_parameters, training_finished)
+from repair.training.config import TrainConfig, epoch_steps
 from repair.training.data import TrainingData, build_layout, epoch_order, load_training_data, stats_table
 
 logger = logging.getLogger(__name__)
 
 DECODER_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ENCODER_LORA_TARGETS = ("query", "key", "value", "dense")
-CHECKPOINTS, TRAIN_LOG, ARGS_FILE = "checkpoints", "train_log.jsonl", "training_args.json"
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -125,10 +124,6 @@ def enable_activation_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-
 def build_optimizer(named: list[tuple[str, torch.nn.Parameter]], cfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW (App. A.2); biases and normalisation weights are not decayed (the usual BERT/HF practice)."""
     decay = [p for n, p in named if p.ndim >= 2 and "norm" not in n.lower()]
@@ -145,160 +140,11 @@ def linear_schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int) -
     return get_linear_schedule_with_warmup(optimizer, warmup, total)
 
 
-# ---------------------------------------------------------------------------------------------- checkpoints
-def _rng_snapshot(device: torch.device) -> dict:
-    np_state = np.random.get_state()
-    py_state = random.getstate()
-    return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-            "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
-            "python": [py_state[0], list(py_state[1]), py_state[2]]}
-
-
-def _restore_rng(snap: dict, device: torch.device) -> None:
-    torch.set_rng_state(snap["torch"])
-    if snap.get("cuda") is not None and device.type == "cuda":
-        torch.cuda.set_rng_state(snap["cuda"], device)
-    n = snap["numpy"]
-    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
-    p = snap["python"]
-    random.setstate((p[0], tuple(p[1]), p[2]))
-
-
-def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
-    """Complete checkpoints (``state.json`` present), oldest first. Half-written ones never get this name."""
-    root = Path(output_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    found = [d for d in root.glob("step-*") if (d / "state.json").exists()]
-    return sorted(found, key=lambda d: int(d.name.split("-")[1]))
-
-
-def _barrier(world: int) -> None:
-    if world > 1:
-        torch.distributed.barrier()
-
-
-def save_checkpoint(output_dir: Path, step: int, retriever: Retriever, optimizer, scheduler, cfg: TrainConfig,
-                    rank: int, world: int) -> Path:
-    """Write ``checkpoints/step-N`` atomically: into a temp folder (every rank adds its RNG state), renamed last."""
-    root = output_dir / CHECKPOINTS
-    final = root / f"step-{step:07d}"
-    tmp = root / f".tmp-step-{step:07d}"
-    if rank == 0:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-    _barrier(world)
-    torch.save(_rng_snapshot(retriever.device), tmp / f"rng-rank{rank}.pt")
-    _barrier(world)
-    if rank == 0:
-        model = retriever.model
-        torch.save({n: p.detach().cpu() for n, p in trainable_parameters(model)}, tmp / "trainable.pt")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        if not cfg.full_finetune:  # a checkpoint is also a loadable adapter (small), for mid-run evaluation
-            model.save_pretrained(tmp)
-            retriever.tokenizer.save_pretrained(tmp)
-        write_json(tmp / "state.json", {"step": step, "world_size": world, "time": time.time(),
-                                        "settings": {k: getattr(cfg, k) for k in RESUME_KEYS}})
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        for old in list_checkpoints(output_dir)[:-cfg.save_total_limit] if cfg.save_total_limit > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
-    _barrier(world)
-    return final
-
-
-def load_checkpoint(ckpt: Path, retriever: Retriever, optimizer, scheduler, cfg: TrainConfig, rank: int) -> int:
-    """Restore weights, optimizer, scheduler and this rank's RNG; return the step to continue from."""
-    saved = read_json(ckpt / "state.json").get("settings", {})
-    changed = {k: (saved.get(k), getattr(cfg, k)) for k in RESUME_KEYS if k in saved and saved[k] != getattr(cfg, k)}
-    if changed:
-        detail = "; ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in changed.items())
-        raise ValueError(f"{ckpt}: cannot resume with different settings ({detail}); use a new --output_dir")
-    return _restore_state(ckpt, retriever, optimizer, scheduler, cfg, rank)
-
-
-def continue_schedule(source: Path, settings: dict, retriever: Retriever, optimizer, scheduler, cfg: TrainConfig,
-                      rank: int) -> int:
-    """--continue_from: start where another run of the same schedule ended (its last checkpoint: weights, AdamW
-    moments, LR schedule, RNG, step), with this run's data. Why: a plain run trained for 2N steps and a run that stops
-    at step N, is diagnosed, and goes on with REPAIR's tuples added then share their first N steps exactly, so the
-    plain run is the exact control and no learning-rate warmup is repeated (a second schedule restarts the warmup
-    and the optimizer). The other run's settings must agree on :data:`CONTINUE_KEYS`; its data may differ."""
-    ckpts = list_checkpoints(source)
-    if not training_finished(source) or not ckpts:
-        raise ValueError(f"--continue_from {source}: not a finished training run with a checkpoint (train it with "
-                         f"--last_step, or to its end, first)")
-    theirs = read_json(source / ARGS_FILE)
-    changed = {k: (theirs.get(k), settings.get(k)) for k in CONTINUE_KEYS if theirs.get(k) != settings.get(k)}
-    if changed:
-        detail = "; ".join(f"{k}: {source} has {a!r}, this run {b!r}" for k, (a, b) in changed.items())
-        raise ValueError(f"--continue_from: the schedules differ ({detail}); a continued run needs the same "
-                         f"--max_steps, batch, learning rate, warmup, seed and model shape")
-    return _restore_state(ckpts[-1], retriever, optimizer, scheduler, cfg, rank)
-
-
-def _restore_state(ckpt: Path, retriever: Retriever, optimizer, scheduler, cfg: TrainConfig, rank: int) -> int:
-    state = read_json(ckpt / "state.json")
-    weights = load_torch_file(ckpt / "trainable.pt")
-    params = dict(trainable_parameters(retriever.model))
-    if set(weights) != set(params):
-        raise ValueError(f"{ckpt}/trainable.pt does not hold this model's trainable parameters")
-    with torch.no_grad():
-        for name, p in params.items():
-            p.copy_(weights[name].to(p.device, p.dtype))
-    optimizer.load_state_dict(load_torch_file(ckpt / "optimizer.pt", map_location=retriever.device))
-    scheduler.load_state_dict(load_torch_file(ckpt / "scheduler.pt"))
-    rng_file = ckpt / f"rng-rank{rank}.pt"
-    if rng_file.exists():
-        _restore_rng(load_torch_file(rng_file), retriever.device)
-    else:
-        logger.warning("%s: no RNG state for rank %d (world size changed?); dropout streams restart", ckpt, rank)
-        set_seed(cfg.seed + rank + int(state["step"]))
-    return int(state["step"])
-
-
+# ---------------------------------------------------------------------------------------------- the output folder
 def _trim_log(path: Path, step: int) -> None:
     """Drop log lines of steps after the checkpoint (a killed run may have logged past it)."""
     if path.exists():
         write_jsonl(path, [row for row in iter_appended_jsonl(path) if row.get("step", 0) <= step])
-
-
-def training_finished(output_dir: str | os.PathLike) -> bool:
-    """A finished run: the saved model or adapter and its arguments with the result, which :func:`save_final` writes
-    last (a run killed while saving is not finished: ``--resume`` saves it again). Orchestrators ask this."""
-    output_dir = Path(output_dir)
-    saved = (output_dir / "adapter_config.json").exists() or (output_dir / "config.json").exists()
-    try:
-        result = read_json(output_dir / ARGS_FILE).get("result") if saved else None
-    except (OSError, ValueError, AttributeError):  # missing, or not a JSON object
-        return False
-    return isinstance(result, dict) and result.get("status") == "finished"
-
-
-def resume_conflicts(cfg: TrainConfig, output_dir: Path) -> list[str]:
-    """What a ``--resume`` of ``output_dir`` would change: each field of :class:`TrainConfig` outside
-    :data:`RUNTIME_KEYS` whose value in the folder's ``training_args.json`` (written when a run starts, rewritten
-    with the result when it ends) differs from ``cfg``'s, as ``lr: the folder was trained with 0.0001, now 0.0005``.
-    Fields an older record lacks are not compared. Why: a resume (or a finished folder returned as it is) under
-    other settings would hand back weights the new settings did not make (issue 44: FORCE=1 with a new LR kept the
-    old adapter)."""
-    path = output_dir / ARGS_FILE
-    if not path.is_file():
-        return []
-    try:
-        recorded = read_json(path)
-    except ValueError as exc:
-        raise ValueError(f"{path}: unreadable ({exc}); --overwrite_output_dir starts the run over") from None
-    if not isinstance(recorded, dict):
-        raise ValueError(f"{path}: not a JSON object; --overwrite_output_dir starts the run over")
-    now = json.loads(json.dumps(asdict(cfg)))  # as the record holds it (lists, floats)
-    return [f"{key}: the folder was trained with {recorded[key]!r}, now {value!r}" for key, value in now.items()
-            if key not in RUNTIME_KEYS and key in recorded and recorded[key] != value
-            and not (key == "pooling" and value is None)]  # the record holds the pooling "auto" resolved to
 
 
 def _check_output_dir(cfg: TrainConfig, output_dir: Path) -> bool:
@@ -420,12 +266,12 @@ def train(cfg: TrainConfig) -> dict:
         logger.info("%s: training already finished; nothing to resume", output_dir)
         return {**read_json(output_dir / ARGS_FILE).get("result", {}), "status": "already_finished"}
     busy = _check_output_dir(cfg, output_dir)  # every rank checks, so every rank raises alike
-    _barrier(world)
+    barrier(world)
     if rank == 0:
         if busy and cfg.overwrite_output_dir:
             _clear_output_dir(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
-    _barrier(world)
+    barrier(world)
     device = pick_device(cfg.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -513,7 +359,7 @@ def train(cfg: TrainConfig) -> dict:
         save_checkpoint(output_dir, step, retriever, optimizer, scheduler, cfg, rank, world)
         if rank == 0:
             save_final(output_dir, retriever, {**settings, "result": result})
-        _barrier(world)
+        barrier(world)
     return result
 
 

@@ -318,7 +318,7 @@ class ApiClient:
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before retry ``attempt`` (0-based): doubling from ``backoff_base`` up to
-        ``backoff_max``, with jitter; public so that a client's own download loop (s2_datasets) waits alike."""
+        ``backoff_max``, with jitter; public so that a client's own download loop (s2_download) waits alike."""
         wait = min(self.backoff_max, self.backoff_base * (2 ** attempt))
         return wait * (1.0 + self.jitter * self._rng.random())
 

@@ -451,6 +451,7 @@ def is_literature_index(path: str | os.PathLike) -> bool:
 
 # ------------------------------------------------------------------------------------------ command line
 def main(argv: list[str] | None = None) -> int:
+    from repair.cli import positive_int
     from repair.runtime import setup_logging
 
     p = argparse.ArgumentParser(prog="python -m repair.expansion.sources.literature",
@@ -462,14 +463,14 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("inputs", nargs="+", help="BEIR folders (corpus.jsonl[.gz]), {id, title, abstract} JSONL(.gz), "
                                              "Semantic Scholar Datasets papers/abstracts shards or folders of them")
     b.add_argument("--index", required=True, help="the index folder (created; an existing index is extended)")
-    b.add_argument("--threads", type=int, default=1, help="tantivy indexing threads (default: %(default)s)")
-    b.add_argument("--heap_mb", type=int, default=None,
+    b.add_argument("--threads", type=positive_int, default=1, help="tantivy indexing threads (default: %(default)s)")
+    b.add_argument("--heap_mb", type=positive_int, default=None,
                    help=f"tantivy's indexing buffer in MB (default: {HEAP_MB_PER_THREAD} per thread)")
     b.add_argument("--no_progress", action="store_true", help="hide the progress bar")
     s = sub.add_parser("search", help="print the top hits of each query")
     s.add_argument("queries", nargs="+", help="query texts")
     s.add_argument("--index", required=True, help="the index folder")
-    s.add_argument("--k", type=int, default=5, help="hits per query (default: %(default)s)")
+    s.add_argument("--k", type=positive_int, default=5, help="hits per query (default: %(default)s)")
     i = sub.add_parser("info", help="print the index's manifest (what built it)")
     i.add_argument("--index", required=True, help="the index folder")
     p.add_argument("--log_level", default="INFO", help="logging level (default: %(default)s)")
