@@ -76,9 +76,12 @@ def numbered_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
 
 def iter_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
                optional: dict[str, Any] | None = None, skip_blank: bool = True,
-               with_lineno: bool = False, skip_partial_last: bool = False) -> Iterator[Any]:
+               with_lineno: bool = False, skip_partial_last: bool = False,
+               refuse_surrogates: bool = True) -> Iterator[Any]:
     """Yield validated objects from a JSONL file (``.gz`` allowed). Errors name file, line and field; text must be
     valid Unicode (:func:`repair.records.check_unicode`: a ``"\\ud800"`` escape is refused like a wrong type).
+    ``refuse_surrogates=False`` is for third-party corpora read whole (a 10^8-record literature dump must not stop
+    at one bad character): the caller replaces lone surrogates itself.
 
     ``with_lineno=True`` yields ``(line_number, object)`` so callers that check nested fields themselves can
     name the line too. ``skip_partial_last=True``: a last line without its newline is skipped, not parsed
@@ -100,7 +103,8 @@ def iter_jsonl(path: str | os.PathLike, required: dict[str, Any] | None = None,
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise json_error(f"{path}:{lineno}", exc) from None
-        check_unicode(record, f"{path}:{lineno}", line)
+        if refuse_surrogates:
+            check_unicode(record, f"{path}:{lineno}", line)
         record = validate_record(record, f"{path}:{lineno}", required, optional)
         yield (lineno, record) if with_lineno else record
 

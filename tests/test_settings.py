@@ -61,7 +61,7 @@ def test_every_numeric_enum_and_path_setting_is_checked_with_its_name():
     assert problems_for({**base, "OPENAI_URL": "http://a:8000/v1,http://b:8000/v1"}) == []
     assert problems_for({**base, "OPENAI_URL": "http://a:8000/v1, ftp://u:pw@b:21/v1"}) == [
         "OPENAI_URL must be an http(s):// URL (several servers: comma-separated), got 'ftp://b:21/v1'"]
-    assert problems_for({**base, "NNODES": "0"}) == ["NNODES must be >= 1, got 0"]
+    assert problems_for({**base, "NNODES": "0"}) == ["NNODES must be in 1..2147483647, got 0"]
     assert problems_for({**base, "MASTER_PORT": "70000"}) == ["MASTER_PORT must be in 1..65535, got 70000"]
     # several bad values: every one is reported at once, not the first only
     many = problems_for({**base, "PCT": "150", "EPOCHS": "1.5", "TOP_K": "3", "CONSISTENCY_K": "5"})

@@ -132,7 +132,7 @@ def _paper_record(pid: Any, title: Any, abstract: Any, doi: Any = None, year: An
 
 def iter_jsonl_papers(path: Path) -> Iterator[dict | None]:
     """Papers of a BEIR corpus / ``{id, title, abstract}`` JSONL; None for a record with neither title nor text."""
-    for lineno, rec in iter_jsonl(path, optional=JSONL_OPTIONAL, with_lineno=True):
+    for lineno, rec in iter_jsonl(path, optional=JSONL_OPTIONAL, with_lineno=True, refuse_surrogates=False):
         pid = rec.get("id", rec.get("_id"))
         if pid is None:
             raise DataError(f"{path}:{lineno}: missing field 'id' (or '_id')")
@@ -156,7 +156,8 @@ def iter_s2_papers(path: Path, abstracts: "AbstractsMap | None", batch: int = 10
             yield paper if (paper["title"] or paper["abstract"]) else None
         pending.clear()
 
-    for rec in iter_jsonl(path, required={"corpusid": int}, optional=S2_PAPERS_OPTIONAL):
+    for rec in iter_jsonl(path, required={"corpusid": int}, optional=S2_PAPERS_OPTIONAL,
+                          refuse_surrogates=False):
         pending.append((rec["corpusid"], rec))
         if len(pending) >= batch:
             yield from flush()
@@ -182,7 +183,8 @@ class AbstractsMap:
         n = 0
         rows: list[tuple[int, bytes]] = []
         with self.db:  # one transaction: the shard and its 'loaded' row land together or not at all
-            for rec in iter_jsonl(shard.path, required={"corpusid": int}, optional={"abstract": str}):
+            for rec in iter_jsonl(shard.path, required={"corpusid": int}, optional={"abstract": str},
+                                  refuse_surrogates=False):
                 text = _clean(rec.get("abstract"))
                 if not text:
                     continue
