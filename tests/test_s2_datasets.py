@@ -530,3 +530,23 @@ def test_check_gzip_reads_every_member_and_refuses_a_truncated_stream(tmp_path):
     bad.write_bytes(two[:-3])
     with pytest.raises(DataError, match=r"bad\.gz: not a whole gzip file"):
         check_gzip(bad)
+
+
+def test_a_downloaded_release_folder_builds_a_literature_index_with_the_abstracts_joined(srv, key_file, tmp_path):
+    """The two halves of issue 41 meet: the folder the downloader writes is an input of the index build as it is
+    (manifest and lock files ignored), papers get their abstracts through ``corpusid``, and DOI / year / venue stay."""
+    from repair.expansion.sources.literature import LiteratureIndex, build_index
+
+    out = tmp_path / "s2"
+    assert main(args(srv, out, key_file)) == 0
+    stats = build_index([out], tmp_path / "index", progress=False)
+    assert stats["papers"] == 240 // 2  # 2 papers shards x 60; the abstracts shards add text, not papers
+    index = LiteratureIndex(tmp_path / "index")
+    hits = index.search("graphene transport study 2021 Hall mobility of sample 2021", 3)
+    top = hits[0]
+    assert (top.id, top.title, top.doi, top.year, top.venue) == (
+        "2021", "Graphene transport study 2021", "10.1234/test.2021", 2021, "Journal of Tests")
+    assert top.abstract.startswith("We measure the Hall mobility of sample 2021.")
+    assert hits[1].score < top.score
+    # a paper whose DOI is null in the papers record (cid % 3 == 0) has none in the index either
+    assert index.search("graphene transport study 1002", 1)[0].doi is None
