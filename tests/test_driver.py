@@ -311,7 +311,8 @@ def test_driver_input_errors(tmp_path):
     env = dict(os.environ, GEN_ADAPTER=str(tmp_path / "no_adapter"), OUT_DIR=str(tmp_path / "r"))
     proc = run_driver(env, timeout=60)
     assert proc.returncode == 2 and f"no adapter_config.json in '{tmp_path / 'no_adapter'}'" in proc.stderr
-    assert help_text.returncode == 0 and "CONSISTENCY_K" in help_text.stdout and "--gres=gpu" not in help_text.stdout
+    assert help_text.returncode == 0 and "CONSISTENCY_K" in help_text.stdout and "--gres=gpu:1" not in help_text.stdout
+    assert "sbatch --nodes=2" in help_text.stdout  # the 2-node example (issue 42), not the #SBATCH header
 
 
 def causalneg_reply(messages: list[dict], seed: int) -> str:
