@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers_pickle import WritesMarker
 from tests.test_cli_errors import error_line, run, write
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,16 +23,6 @@ IR_TINY = ROOT / "tests" / "fixtures" / "eval" / "ir-tiny"
 
 
 # ---------------------------------------------------------------------------------------------- pickled adapters
-class _WritesMarker:
-    """Unpickling this runs ``exec`` on code that creates a file: what a malicious ``adapter_model.bin`` does."""
-
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return exec, (f"open({str(self.marker)!r}, 'w').write('pwned')",)
-
-
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
     """A real LoRA adapter on the tiny model (safetensors) and a copy whose weights are a malicious pickle."""
@@ -45,7 +36,7 @@ def adapters(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
     shutil.copytree(root / "good", root / "evil")
     (root / "evil" / "adapter_model.safetensors").unlink()
     marker = root / "MARKER"
-    torch.save({"base_model.model.layers.0.self_attn.q_proj.lora_A.weight": _WritesMarker(marker)},
+    torch.save({"base_model.model.layers.0.self_attn.q_proj.lora_A.weight": WritesMarker(marker)},
                root / "evil" / "adapter_model.bin")
     return {"good": root / "good", "evil": root / "evil", "marker": marker}
 

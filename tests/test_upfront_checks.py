@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers_pickle import WritesMarker
 from tests.test_cli_errors import error_line, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,16 +220,6 @@ def test_a_hub_id_outside_the_cache_is_looked_up_once_and_refused_in_seconds(tmp
 
 
 # ---------------------------------------------------------------------------------------------- pickles holding code
-class _WritesMarker:
-    """Unpickling this runs ``exec`` on code that creates a file: what a malicious ``*.bin`` does."""
-
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return exec, (f"open({str(self.marker)!r}, 'w').write('pwned')",)
-
-
 @pytest.fixture(scope="module")
 def pickled(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
     """The tiny model as a full-model folder with ``pytorch_model.bin`` (what ``save_pretrained`` wrote before
@@ -243,13 +234,13 @@ def pickled(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
         shutil.copytree(tiny_model_dir, root / name)
         (root / name / "model.safetensors").unlink()
     torch.save(state, root / "good_bin" / "pytorch_model.bin")
-    torch.save({**state, next(iter(state)): _WritesMarker(marker)}, root / "evil_bin" / "pytorch_model.bin")
+    torch.save({**state, next(iter(state)): WritesMarker(marker)}, root / "evil_bin" / "pytorch_model.bin")
     adapter = root / "evil_adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(tiny_model_dir),
                                                              "peft_type": "LORA", "r": 2, "lora_alpha": 4,
                                                              "target_modules": ["q_proj"]}))
-    torch.save({"base_model.model.layers.0.self_attn.q_proj.lora_A.weight": _WritesMarker(marker)},
+    torch.save({"base_model.model.layers.0.self_attn.q_proj.lora_A.weight": WritesMarker(marker)},
                adapter / "adapter_model.bin")
     return {"good": root / "good_bin", "evil": root / "evil_bin", "adapter": adapter, "marker": marker,
             "source": tiny_model_dir}
