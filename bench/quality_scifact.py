@@ -35,6 +35,9 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
                         a later seed copies the lowest finished seed's stages up to 09 (one generation, paid once)
   repair_conf_t0_15     issue 30: repair_conf_only + Stage II's concept queries (Qwen2.5-Coder-1.5B on CTranslate2),
                         verified, then rewritten as claims in T0's style (QUERY_FORM=t0)
+  repair_lit_bm25s      issue 41: the faithful Stage II (default generator, title form, half a round, one generation
+                        for every seed) verified through the in-memory bm25s source; repair_lit_index the same 05
+                        queries verified through the on-disk tantivy index of the same corpus (paired per seed)
   repair_conf_one       issue 30: the decoder form of repair_conf_bm25_one (in-batch warm start, then lever 3 in the
                         same schedule); its control is inbatch2x
   (every lever row: VARIANTS below)
@@ -247,6 +250,14 @@ VARIANTS: dict[str, Variant] = {
     "repair_conf_t0_15": Variant({"CONFUSED_TUPLES": "1", "QUERY_FORM": "t0", "GEN_MODEL": "qwen2.5-coder-1.5b",
                                   "GEN_BACKEND": "ct2", "GEN_ROUND": "324", "QUERY_EXTRA": D2Q_PROMPT, "GEN_SEED": "1"},
                                  "04:repair_conf_d2q", seed_free="09"),
+    # issue 41's paired row: the faithful pipeline's Stage II (the default generator's concept queries, title form,
+    # half a round, one generation for every seed) verified against SciFact's corpus through today's in-memory bm25s
+    # source, and the same 05 queries verified through the on-disk tantivy index built from the same corpus
+    # (LITERATURE_INDEX; "scifact" is replaced by <out>/literature/scifact, built on first use): the two rows differ
+    # only in 06's engine, so their difference per seed is what the index costs in quality
+    "repair_lit_bm25s": Variant({"GEN_ROUND": "324", "GEN_SEED": "1"}, None, seed_free="09"),
+    "repair_lit_index": Variant({"GEN_ROUND": "324", "GEN_SEED": "1", "LITERATURE_INDEX": "scifact"},
+                                "05:repair_lit_bm25s", seed_free="09"),
     # Eq. 6 with kappa = TOP_K: keep the diagnosed claims whose gold positive ranks low in its own pool (the most
     # confused ones, which kappa 5 drops although their positive is gold, not generated)
     "repair_conf_only_k15": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),
@@ -626,6 +637,8 @@ class Study:
                 raise SystemExit(f"{row}: run the {variant.start} row for seed {seed} first ({start})")
             extra["MODEL"] = str(start)
             self.reuse_eval(f"{variant.start}_s{seed}", run_dir, extra.get("WARM_START") == "1")
+        if extra.get("LITERATURE_INDEX") == "scifact":
+            extra["LITERATURE_INDEX"] = str(self.scifact_index())
         source_seed = self.seed_free_source(row, seed)
         if source_seed is not None:  # one generation for every seed: this row's steps up to seed_free, copied
             reused = self.reuse_repair_stages(seed, run_dir, variant.seed_free, row, source_seed=source_seed)
@@ -637,6 +650,14 @@ class Study:
         marker = run_dir / "REUSED_FROM"  # which run's steps were copied (another seed's, for seed_free rows)
         source = {"reused_from": marker.read_text().strip()} if reused and marker.exists() else {}
         return {**result, "reused_repair_stages": reused, **source}
+
+    def scifact_index(self) -> Path:
+        """SciFact's corpus as an on-disk literature index (issue 41), built once by the project's build command:
+        the build is idempotent, so a rerun over a finished index checks its inputs and returns."""
+        index = self.out / "literature" / "scifact"
+        run([PY, "-m", "repair.expansion.sources.literature", "build", self.scifact, "--index", index, "--no_progress"],
+            self.out / "logs" / "literature_index_scifact.log")
+        return index
 
     def causalneg(self, seed: int) -> dict:
         name = f"causalneg_s{seed}"
