@@ -163,6 +163,10 @@ class Variant(NamedTuple):
 
 D2Q_PROMPT = "--k 2 --max_example_chars 300"  # the doc2query rows' 06c prompt (issue 30)
 
+# a LITERATURE_INDEX value that stands for SciFact's corpus as an on-disk index, built under --out on first use
+# (Study.scifact_index); not a path, so a row that names it cannot reach the driver unresolved
+SCIFACT_INDEX = "<scifact literature index>"
+
 VARIANTS: dict[str, Variant] = {
     "repair": Variant({}, None),
     "repair_conf": Variant({"CONFUSED_TUPLES": "1"}, "06"),      # lever 3: Q_conf's own claims through Stage III too
@@ -253,10 +257,10 @@ VARIANTS: dict[str, Variant] = {
     # issue 41's paired row: the faithful pipeline's Stage II (the default generator's concept queries, title form,
     # half a round, one generation for every seed) verified against SciFact's corpus through today's in-memory bm25s
     # source, and the same 05 queries verified through the on-disk tantivy index built from the same corpus
-    # (LITERATURE_INDEX; "scifact" is replaced by <out>/literature/scifact, built on first use): the two rows differ
-    # only in 06's engine, so their difference per seed is what the index costs in quality
+    # (LITERATURE_INDEX; SCIFACT_INDEX is replaced by <out>/literature/scifact, built on first use): the two rows
+    # differ only in 06's engine, so their difference per seed is what the index costs in quality
     "repair_lit_bm25s": Variant({"GEN_ROUND": "324", "GEN_SEED": "1"}, None, seed_free="09"),
-    "repair_lit_index": Variant({"GEN_ROUND": "324", "GEN_SEED": "1", "LITERATURE_INDEX": "scifact"},
+    "repair_lit_index": Variant({"GEN_ROUND": "324", "GEN_SEED": "1", "LITERATURE_INDEX": SCIFACT_INDEX},
                                 "05:repair_lit_bm25s", seed_free="09"),
     # Eq. 6 with kappa = TOP_K: keep the diagnosed claims whose gold positive ranks low in its own pool (the most
     # confused ones, which kappa 5 drops although their positive is gold, not generated)
@@ -637,7 +641,7 @@ class Study:
                 raise SystemExit(f"{row}: run the {variant.start} row for seed {seed} first ({start})")
             extra["MODEL"] = str(start)
             self.reuse_eval(f"{variant.start}_s{seed}", run_dir, extra.get("WARM_START") == "1")
-        if extra.get("LITERATURE_INDEX") == "scifact":
+        if extra.get("LITERATURE_INDEX") == SCIFACT_INDEX:
             extra["LITERATURE_INDEX"] = str(self.scifact_index())
         source_seed = self.seed_free_source(row, seed)
         if source_seed is not None:  # one generation for every seed: this row's steps up to seed_free, copied

@@ -292,19 +292,26 @@ def test_compare_reports_paired_per_seed_differences_and_the_bar_at_equal_steps_
         study.paired_comparison(study.merged_rows(out, recorded), "repair_conf_bm25_from_bm25", ["st_minedx2"])
 
 
-def test_every_lever_row_is_a_valid_driver_configuration_sharing_from_a_known_row():
+def test_every_lever_row_is_a_valid_driver_configuration_sharing_from_a_known_row(tmp_path):
     """Each VARIANTS row is run_repair.sh settings: every name is a driver setting and the driver's own validation
     accepts the values on a real T0 folder (a typo would only surface an hour into a study run), and a row that
-    copies stages names a step and another lever row that exists."""
+    copies stages names a step and another lever row that exists. A row verifying through SciFact's on-disk index
+    (issue 41) gets a real index, of the tiny slice, where the study would build SciFact's."""
     from repair.models import ALIASES
     from repair.driver.settings import resolve, validate
     from repair.driver.settings_table import SETTINGS
+    from repair.expansion.sources.literature import build_index
 
     study = load_study()
     known = {s.name for s in SETTINGS}
     tiny = str(ROOT / "data" / "demo" / "scifact-tiny")
+    index = tmp_path / "index"
     for row, variant in study.VARIANTS.items():
         settings = study.variant_settings(row, "http://127.0.0.1:8080/v1")  # what Study.variant passes the driver
+        if settings.get("LITERATURE_INDEX") == study.SCIFACT_INDEX:  # Study.variant's substitution
+            if not index.exists():
+                build_index([tiny], index, progress=False)
+            settings["LITERATURE_INDEX"] = str(index)
         assert set(settings) <= known, (row, set(settings) - known)
         env = {"TRAIN_DATA": tiny, **settings}
         assert validate(resolve(env, ROOT), env, check_installed=False) == [], row
