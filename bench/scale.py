@@ -387,7 +387,8 @@ def search_queries(work: Path, args) -> list[str]:
 
 
 def index_dir(work: Path, engine: str, papers: int, args) -> Path:
-    return work / f"index_{engine}_{papers}_s{args.seed}"
+    """One index per engine and size; "tantivy:exact" searches "tantivy"'s (the mode is the reader's)."""
+    return work / f"index_{engine.split(':')[0]}_{papers}_s{args.seed}"
 
 
 def literature_module():
@@ -528,8 +529,8 @@ def run_06(work: Path, stage: str, engine: str, papers: int, args, timer: Timer)
         with timer("search"):
             for query in queries:
                 source.search(query, VERIFY_K)
-    else:
-        index = literature_module().LiteratureIndex(folder)
+    else:  # "tantivy": the engine's own ranking; "tantivy:exact": 06's default, the engine's top 50 rescored
+        index = literature_module().LiteratureIndex(folder, exact=engine.endswith(":exact"))
         with timer("search"):
             index.search_many(queries, VERIFY_K, args.threads)
     return {"queries_per_s": round(len(queries) / max(timer.parts["search"], 1e-9), 2)}
@@ -753,6 +754,8 @@ def plan(args) -> Iterator[tuple[str, str, list[int]]]:
                     yield sub, "bm25s", [s for s in sizes if s <= args.bm25s_max]
                 if mod is not None and (not args.engines or literature_engine(mod) in args.engines):
                     yield sub, literature_engine(mod), sizes
+                    if sub == "06_search":  # the same index as 06 opens it: exact rescoring (bm25s' scores)
+                        yield sub, f"{literature_engine(mod)}:exact", sizes
             continue
         for engine in engines_for(stage, args):
             if not args.engines or any(engine.startswith(e) for e in args.engines):

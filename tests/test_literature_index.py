@@ -67,17 +67,39 @@ def test_stopwords_are_bm25s_english_list():
     assert sorted(STOPWORDS_EN) == sorted(BM25S_EN)
 
 
+@pytest.mark.parametrize("exact,k1", [(True, 1.5), (False, 1.2)])
 @pytest.mark.parametrize("query", ["graphene mobility pressure", "BCL-2 venetoclax apoptosis", "mantle cell lymphoma",
                                    "perovskite perovskite solar", "T cells"])
-def test_scores_are_lucene_bm25_at_k1_1_2_over_bm25s_tokens(fixture_index, query):
+def test_scores_are_lucene_bm25_over_bm25s_tokens(fixture_index, query, exact, k1):
+    """Exact rescoring (06's default) gives bm25s' k1 1.5; the engine's own ranking tantivy's fixed k1 1.2."""
     papers = read_jsonl(PAPERS)
     docs = [f"{p.get('title') or ''} {p.get('abstract') or ''}".strip() for p in papers]
-    expected = bm25_lucene(docs, query)[:10]
-    got = LiteratureIndex(fixture_index).search(query, 10)
+    expected = bm25_lucene(docs, query, k1=k1)[:10]
+    got = LiteratureIndex(fixture_index, exact=exact).search(query, 10)
     assert [p.id for p in got] == [papers[i]["id"] for _, i in expected]
     # the fixture's texts are short: tantivy's one-byte length code is exact there
     assert [p.score for p in got] == pytest.approx([s for s, _ in expected], rel=1e-4)
     assert all(p.source == "literature_index" for p in got)
+
+
+def test_exact_rescoring_returns_bm25s_hits_in_bm25s_order_where_the_engine_alone_does_not(tmp_path):
+    """Issue 41 point 4 on the demo slice's real SciFact abstracts (longer than tantivy's exact length codes): every
+    query's 21 hits are bm25s' own, in its order, with its scores; the engine's own ranking (k1 1.2, coded lengths)
+    is not, which is what the rescoring is for."""
+    tiny = ROOT / "data" / "demo" / "scifact-tiny"
+    build_index([tiny], tmp_path / "idx", progress=False)
+    bm25s_source = LocalCorpus(tiny, index_dir=tmp_path / "bm25")
+    exact, engine = LiteratureIndex(tmp_path / "idx"), LiteratureIndex(tmp_path / "idx", exact=False)
+    queries = [r["text"] for r in read_jsonl(tiny / "queries.jsonl")]
+    queries += [f"{p.title} {p.abstract}"[:160] for p in bm25s_source.papers[:40]]  # 05-like: long, many terms
+    engine_differs = 0
+    for query in queries:
+        want = bm25s_source.search(query, 21)
+        got = exact.search_many([query], 21, threads=2)[0]
+        assert [h.id for h in got] == [h.id for h in want], query
+        assert [h.score for h in got] == pytest.approx([h.score for h in want], rel=1e-4), query
+        engine_differs += [h.id for h in engine.search(query, 21)] != [h.id for h in want]
+    assert engine_differs > 0
 
 
 def test_beir_folder_min_score_and_ties(tmp_path):
@@ -267,10 +289,13 @@ def test_06_verifies_the_same_through_the_index_as_through_bm25s(fixture_index, 
     s2 = run_verification(via_index, generated, tmp_path / "b.jsonl", target_k=5, progress=False, workers=2)
     assert s1.counts == s2.counts and s1.counts["ok"] > 0
 
-    def comparable(path: Path) -> list[dict]:  # the source's name and its score scale (k1) differ by design
+    def comparable(path: Path) -> list[dict]:  # the source's name differs by design
         return [{k: v for k, v in r.items() if k not in ("source", "pos_score")} for r in read_jsonl(path)]
 
     assert comparable(tmp_path / "a.jsonl") == comparable(tmp_path / "b.jsonl")
+    # exact rescoring: the positive's score is bm25s' own (rounded as 06 writes it)
+    assert [float(r["pos_score"]) for r in read_jsonl(tmp_path / "b.jsonl")] == pytest.approx(
+        [float(r["pos_score"]) for r in read_jsonl(tmp_path / "a.jsonl")], abs=2e-4)
     assert {r["source"] for r in read_jsonl(tmp_path / "b.jsonl")} == {"literature_index"}
     with pytest.raises(ValueError, match="--index_dir is the bm25s cache"):
         make_source("local_corpus", corpus=str(fixture_index), index_dir=str(tmp_path / "x"))

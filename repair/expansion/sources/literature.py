@@ -22,8 +22,13 @@ Agreement with :mod:`repair.expansion.sources.local_corpus` (bm25s, the small-co
 33-word Lucene English stopword list that is bm25s' ``"en"`` list; no stemming) and the same BM25 family (Lucene's
 idf ``ln(1 + (N - df + 0.5) / (df + 0.5))``, a query term counted once per occurrence). Two differences remain,
 both tantivy's fixed choices: k1 = 1.2 (bm25s here: 1.5; b = 0.75 in both) and document lengths stored in
-tantivy's one-byte field-norm code (exact up to ~40 tokens, within a few percent above). Scores are reported on
-Lucene's / bm25s' scale (tantivy's score divided by 1 + k1), so ``min_score`` means the same thing in both.
+tantivy's one-byte field-norm code (exact up to ~40 tokens, within a few percent above). On a recorded run's 05
+queries they made the top hit differ for 8.4% of queries, so by default (``exact=True``) the engine only proposes:
+its top ``max(k, pool)`` papers are rescored with bm25s' own formula (k1 = 1.5, each paper's exact length and term
+counts from its stored text analysed again, idf from the engine's document frequencies, the engine's average
+length) and the best ``k`` of them returned, ties by build order. The engine's ranking is what is approximate, the
+returned scores are bm25s' exactly (up to float rounding), so ``min_score`` means the same thing in both.
+``exact=False`` returns the engine's ranking with its scores divided by 1 + k1 (Lucene's / bm25s' scale).
 ``bench/literature_agreement.py`` measures how often the two agree (docs/benchmarks.md).
 """
 
@@ -40,6 +45,7 @@ from typing import Any
 
 from repair.data import DataError, file_sha256, read_json, write_json
 from repair.expansion.sources.base import Paper, as_int
+from repair.expansion.sources.bm25_rescore import explained_average_length, lucene_bm25, lucene_idf
 from repair.expansion.sources.literature_inputs import (MAX_TEXT_CHARS, S2_ABSTRACTS, S2_PAPERS, AbstractsMap, Input,
                                                         expand_inputs, input_kind, iter_jsonl_papers, iter_s2_papers)
 
@@ -58,11 +64,14 @@ STOPWORDS_EN = ("a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "
                 "to", "was", "will", "with")
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"  # bm25s.tokenize's default
 K1, B = 1.2, 0.75  # tantivy's BM25 constants (not settable)
+EXACT_K1 = 1.5  # LocalCorpus' k1 (bm25s, method "lucene"): what exact rescoring computes
+RESCORE_POOL = 50  # papers the engine proposes per query for exact rescoring (at least k)
 ANALYZER = {"tokenizer": "regex", "pattern": TOKEN_PATTERN, "filters": ["lowercase", "stopwords"],
             "stopwords": list(STOPWORDS_EN), "stemmer": None, "text": "title + ' ' + abstract",
             "max_text_chars": MAX_TEXT_CHARS}
 BM25 = {"k1": K1, "b": B, "idf": "ln(1 + (N - df + 0.5) / (df + 0.5))", "length": "tantivy field-norm code",
         "reported_score": "tantivy score / (1 + k1): Lucene's and bm25s' scale"}
+# (what an index was built with, compared on open; exact rescoring is the reader's choice, not recorded there)
 HEAP_MB_PER_THREAD = 256  # tantivy's indexing buffer per thread (its minimum is ~15 MB)
 
 
@@ -351,7 +360,7 @@ def _index_file(writer, inp: Input, ord0: int, amap: AbstractsMap | None, bar) -
             skipped += 1
             continue
         doc = tantivy.Document()
-        doc.add_text("text", f"{paper['title']} {paper['abstract']}".strip())
+        doc.add_text("text", _text(paper))
         doc.add_bytes("paper", json.dumps(paper, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
         doc.add_unsigned("ord", ord0 + added)
         writer.add_document(doc)
@@ -378,11 +387,14 @@ class LiteratureIndex:
 
     name = "literature_index"
 
-    def __init__(self, index_dir: str | os.PathLike, min_score: float = 0.0):
+    def __init__(self, index_dir: str | os.PathLike, min_score: float = 0.0, *, exact: bool = True,
+                 pool: int = RESCORE_POOL):
         import tantivy
 
         self.index_dir = Path(index_dir).expanduser()
         self.min_score = min_score
+        self.exact = exact
+        self.pool = pool
         self.manifest = read_manifest(self.index_dir)
         check_compatible(self.manifest, self.index_dir)
         if self.manifest.get("pending") or not self.manifest.get("complete"):
@@ -396,13 +408,32 @@ class LiteratureIndex:
         self._schema = self.index.schema
         self._analyzer = _analyzer()
         self._tantivy = tantivy
+        self._avgdl = self._average_length() if exact and len(self) else 0.0
+
+    def _average_length(self) -> float:
+        """The engine's average document length in tokens (exact in tantivy), read once from the score explanation
+        of the first term of one paper."""
+        Query = self._tantivy.Query
+        address = self.searcher.search(Query.all_query(), 1).hits[0][1]
+        tokens = self._analyzer.analyze(_text(self._record(address)))
+        avgdl = None
+        if tokens:
+            term = Query.term_query(self._schema, "text", tokens[0])
+            avgdl = explained_average_length(json.loads(term.explain(self.searcher, address).to_json()))
+        if not avgdl:
+            raise LiteratureIndexError(f"{self.index_dir}: cannot read the average document length from tantivy "
+                                       f"{self.manifest['engine'].get('version')}; open it with exact=False")
+        return avgdl
+
+    def _record(self, address) -> dict:
+        """A hit's paper, from the index's own store."""
+        return json.loads(self.searcher.doc(address)["paper"][0])
 
     def __len__(self) -> int:
         return self.searcher.num_docs
 
-    def _query(self, text: str):
+    def _query(self, tokens: list[str]):
         Query, Occur = self._tantivy.Query, self._tantivy.Occur
-        tokens = self._analyzer.analyze(text)
         if not tokens:
             return None
         terms = [Query.term_query(self._schema, "text", t) for t in tokens]  # a repeated word counts each time
@@ -421,16 +452,32 @@ class LiteratureIndex:
         ranked = sorted(((score, o, addr) for (score, addr), o in zip(hits, ords)), key=lambda t: (-t[0], t[1]))
         return ranked[:k]
 
+    def _rescored(self, tokens: list[str], candidates: list[tuple[float, int, Any]],
+                  k: int) -> list[tuple[float, int, dict]]:
+        """The best ``k`` candidates by bm25s' score (k1 = EXACT_K1, each paper's stored text analysed again for its
+        exact length and term counts), ties by build order: (score, ord, record)."""
+        idf = lucene_idf({t: self.searcher.doc_freq("text", t) for t in set(tokens)}, len(self))
+        scored = []
+        for _, order, addr in candidates:
+            rec = self._record(addr)
+            score = lucene_bm25(tokens, self._analyzer.analyze(_text(rec)), idf, self._avgdl, k1=EXACT_K1, b=B)
+            scored.append((score, order, rec))
+        return sorted(scored, key=lambda t: (-t[0], t[1]))[:k]
+
     def search(self, query: str, k: int) -> list[Paper]:
-        q = self._query(query)
+        tokens = self._analyzer.analyze(query)
+        q = self._query(tokens)
         if q is None or k <= 0:
             return []
+        k = min(k, len(self))
+        if self.exact:  # the engine proposes its top max(k, pool); bm25s' formula decides
+            ranked = self._rescored(tokens, self._ranked(q, min(max(k, self.pool), len(self))), k)
+        else:
+            ranked = [(score / (1.0 + K1), order, self._record(addr)) for score, order, addr in self._ranked(q, k)]
         out = []
-        for score, _, addr in self._ranked(q, min(k, len(self))):
-            score = score / (1.0 + K1)
+        for score, _, rec in ranked:
             if score <= 0 or score < self.min_score:
                 continue
-            rec = json.loads(self.searcher.doc(addr)["paper"][0])
             out.append(Paper(id=rec["id"], title=rec.get("title", ""), abstract=rec.get("abstract", ""),
                              doi=rec.get("doi"), year=rec.get("year"), venue=rec.get("venue"), url=rec.get("url"),
                              source=self.name, score=score))
@@ -442,6 +489,11 @@ class LiteratureIndex:
             return [self.search(q, k) for q in queries]
         with ThreadPoolExecutor(max_workers=threads) as pool:
             return list(pool.map(lambda q: self.search(q, k), queries))
+
+
+def _text(paper: dict) -> str:
+    """The text a paper was indexed under (as ``_index_file`` adds it)."""
+    return f"{paper.get('title') or ''} {paper.get('abstract') or ''}".strip()
 
 
 def is_literature_index(path: str | os.PathLike) -> bool:
