@@ -23,7 +23,9 @@ from pathlib import Path
 
 from repair.data import iter_jsonl
 from repair.expansion.sources.base import cap_query
-from repair.expansion.sources.literature import BM25, EXACT_K1, RESCORE_POOL, LiteratureIndex, build_index
+from repair.expansion.sources.literature import build_index
+from repair.expansion.sources.literature_format import BM25
+from repair.expansion.sources.literature_search import EXACT_K1, RESCORE_POOL, LiteratureIndex
 from repair.expansion.sources.local_corpus import LocalCorpus
 
 

@@ -82,7 +82,7 @@ def phase_build(corpus: Path, index: Path, threads: int) -> dict:
 
 
 def phase_search(index: Path, queries_file: Path, k: int) -> list[dict]:
-    from repair.expansion.sources.literature import LiteratureIndex
+    from repair.expansion.sources.literature_search import LiteratureIndex
 
     queries = json.loads(queries_file.read_text())
     rows = []

@@ -400,8 +400,11 @@ def literature_module():
     return literature
 
 
-def literature_engine(mod) -> str:
-    return str(getattr(mod, "ENGINE", None) or getattr(mod, "ENGINE_NAME", None) or "literature")
+def literature_engine() -> str:
+    """The on-disk index's engine name, as its rows are labelled ("tantivy")."""
+    from repair.expansion.sources.literature_format import ENGINE
+
+    return ENGINE
 
 
 # ============================================================================================ measured work
@@ -530,7 +533,9 @@ def run_06(work: Path, stage: str, engine: str, papers: int, args, timer: Timer)
             for query in queries:
                 source.search(query, VERIFY_K)
     else:  # "tantivy": the engine's own ranking; "tantivy:exact": 06's default, the engine's top 50 rescored
-        index = literature_module().LiteratureIndex(folder, exact=engine.endswith(":exact"))
+        from repair.expansion.sources.literature_search import LiteratureIndex
+
+        index = LiteratureIndex(folder, exact=engine.endswith(":exact"))
         with timer("search"):
             index.search_many(queries, VERIFY_K, args.threads)
     return {"queries_per_s": round(len(queries) / max(timer.parts["search"], 1e-9), 2)}
@@ -752,10 +757,10 @@ def plan(args) -> Iterator[tuple[str, str, list[int]]]:
             for sub in ("06_build", "06_search") if stage == "06" else (stage,):
                 if not args.engines or "bm25s" in args.engines:
                     yield sub, "bm25s", [s for s in sizes if s <= args.bm25s_max]
-                if mod is not None and (not args.engines or literature_engine(mod) in args.engines):
-                    yield sub, literature_engine(mod), sizes
+                if mod is not None and (not args.engines or literature_engine() in args.engines):
+                    yield sub, literature_engine(), sizes
                     if sub == "06_search":  # the same index as 06 opens it: exact rescoring (bm25s' scores)
-                        yield sub, f"{literature_engine(mod)}:exact", sizes
+                        yield sub, f"{literature_engine()}:exact", sizes
             continue
         for engine in engines_for(stage, args):
             if not args.engines or any(engine.startswith(e) for e in args.engines):

@@ -16,8 +16,9 @@ import pytest
 
 from repair.data import DataError, read_json, read_jsonl, write_json
 from repair.expansion.sources import make_source
-from repair.expansion.sources.literature import (MANIFEST, MAX_TEXT_CHARS, STOPWORDS_EN, LiteratureIndex,
-                                                 LiteratureIndexError, build_index)
+from repair.expansion.sources.literature import build_index
+from repair.expansion.sources.literature_format import MANIFEST, MAX_TEXT_CHARS, STOPWORDS_EN, LiteratureIndexError
+from repair.expansion.sources.literature_search import LiteratureIndex
 from repair.expansion.sources.local_corpus import LocalCorpus, _tokenize
 from repair.expansion.verification import run_verification
 
@@ -263,7 +264,7 @@ def test_two_processes_search_one_read_only_index_at_once(fixture_index, tmp_pat
     for p in [folder, *folder.rglob("*")]:
         p.chmod(0o555 if p.is_dir() else 0o444)  # read-only: opening must not write
     try:
-        script = ("import json,sys; from repair.expansion.sources.literature import LiteratureIndex as L; "
+        script = ("import json,sys; from repair.expansion.sources.literature_search import LiteratureIndex as L; "
                   "i=L(sys.argv[1]); print(json.dumps([[h.id for h in hs] for hs in "
                   "i.search_many(['graphene mobility','venetoclax','perovskite']*200, 5, threads=2)]))")
         procs = [subprocess.Popen([sys.executable, "-c", script, str(folder)], env=ENV, stdout=subprocess.PIPE,

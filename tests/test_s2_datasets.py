@@ -535,7 +535,8 @@ def test_check_gzip_reads_every_member_and_refuses_a_truncated_stream(tmp_path):
 def test_a_downloaded_release_folder_builds_a_literature_index_with_the_abstracts_joined(srv, key_file, tmp_path):
     """The two halves of issue 41 meet: the folder the downloader writes is an input of the index build as it is
     (manifest and lock files ignored), papers get their abstracts through ``corpusid``, and DOI / year / venue stay."""
-    from repair.expansion.sources.literature import LiteratureIndex, build_index
+    from repair.expansion.sources.literature import build_index
+    from repair.expansion.sources.literature_search import LiteratureIndex
 
     out = tmp_path / "s2"
     assert main(args(srv, out, key_file)) == 0

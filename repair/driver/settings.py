@@ -31,7 +31,7 @@ from repair.driver.run_record import RECORD_FILE, check_and_record, record_of, w
 from repair.driver.settings_table import SETTINGS, SettingsError
 from repair.expansion.relevance_judge import DEFAULT_JUDGE_MODEL
 from repair.expansion.server_pool import split_urls
-from repair.expansion.sources.literature import is_literature_index
+from repair.expansion.sources.literature_format import is_literature_index
 from repair.models import check_adapter_weights, check_model_name
 from repair.training.config import CAUSALNEG_QEM_LAMBDA, TrainConfig, epoch_steps
 

@@ -40,7 +40,8 @@ def make_source(name: str, *, api_url: str | None = None, key_file: str | None =
     repair.expansion.sources.literature build`` (the on-disk index, any size)."""
     retry = dict(max_retries=max_retries, backoff_base=backoff_base)
     if name == "local_corpus":
-        from repair.expansion.sources.literature import LiteratureIndex, is_literature_index
+        from repair.expansion.sources.literature_format import is_literature_index
+        from repair.expansion.sources.literature_search import LiteratureIndex
         from repair.expansion.sources.local_corpus import LocalCorpus
 
         if not corpus:
