@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Does 06 verify the same way through the on-disk literature index (tantivy) as through today's bm25s source
-(issue 41, point 4)? Replays queries through both over one corpus and prints, for the index as 06 opens it (exact rescoring with bm25s'
-formula, the default) and for the engine's own ranking (``exact=False``), the share of queries whose top hit is
+(issue 41, point 4)? Replays queries through both over one corpus and prints, for the index as 06 opens it (exact
+rescoring with bm25s' formula, the default) and for the engine's own ranking (``exact=False``), the share of queries whose top hit is
 the same paper (goal >= 95%), the mean overlap of the top-k hit sets (|A & B| / k), how often both find hits and
 the largest score difference of a paper both return.
 
@@ -25,7 +25,9 @@ from repair.data import iter_jsonl
 from repair.expansion.sources.base import cap_query
 from repair.expansion.sources.literature import build_index
 from repair.expansion.sources.literature_format import BM25
-from repair.expansion.sources.literature_search import EXACT_K1, RESCORE_POOL, LiteratureIndex
+from repair.expansion.sources.literature_search import EXACT_B, EXACT_K1, RESCORE_POOL, LiteratureIndex
+from repair.expansion.sources.local_corpus import B as BM25S_B
+from repair.expansion.sources.local_corpus import K1 as BM25S_K1
 from repair.expansion.sources.local_corpus import LocalCorpus
 
 
@@ -85,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             modes[mode] = {**agreement(old, new), "seconds": round(time.time() - t0, 2)}
     result = {
         "queries": len(queries), "query_origin": origin, "corpus": str(corpus), "papers": build["papers"], "k": args.k,
-        "bm25s": {"k1": 1.5, "b": 0.75, "method": "lucene", "tokenizer": "bm25s.tokenize lower, stopwords=en",
+        "bm25s": {"k1": BM25S_K1, "b": BM25S_B, "method": "lucene", "tokenizer": "bm25s.tokenize lower, stopwords=en",
                   "seconds": round(t_old, 2)},
         "index": {**BM25, "engine": index.manifest["engine"], "threads": args.threads,
-                  "exact_rescoring": {"k1": EXACT_K1, "pool": max(args.k, args.pool)}},
+                  "exact_rescoring": {"k1": EXACT_K1, "b": EXACT_B, "pool": max(args.k, args.pool)}},
         **modes,
     }
     print(f"queries: {len(queries)} from {origin}", file=sys.stderr)

@@ -84,10 +84,10 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def lone_surrogate(value: Any, field: str = "") -> tuple[str, str] | None:
-    """(field, ``\\udXXX``) of the first string in a decoded JSON value that holds a lone UTF-16 surrogate, or None;
-    the field as ``query`` or ``negative_candidates[0].abstract``. JSON can write one (``"\\ud800"``) though no UTF-8
-    text can hold it: it decodes to a Python str that fails only when a tokenizer or a writer encodes it, far from
-    the file and line (issue 44)."""
+    """(field, the surrogate written as ``\\ud800``) of the first string in a decoded JSON value that holds a lone
+    UTF-16 surrogate, or None; the field as ``query`` or ``negative_candidates[0].abstract``. JSON can write one
+    (``"\\ud800"``) though no UTF-8 text can hold it: it decodes to a Python str that fails only when a tokenizer or
+    a writer encodes it, far from the file and line (issue 44)."""
     if isinstance(value, str):
         found = _SURROGATE.search(value)
         return (field, f"\\u{ord(found.group()):04x}") if found else None

@@ -30,10 +30,11 @@ from typing import Any
 
 from repair.expansion.sources.base import Paper
 from repair.expansion.sources.bm25_rescore import explained_average_length, lucene_bm25, lucene_idf
-from repair.expansion.sources.literature_format import (B, ENGINE_DIR, K1, LiteratureIndexError, analyzer,
+from repair.expansion.sources.literature_format import (ENGINE_DIR, K1, LiteratureIndexError, analyzer,
                                                         check_compatible, open_engine, paper_text, read_manifest)
+from repair.expansion.sources.local_corpus import B as EXACT_B
+from repair.expansion.sources.local_corpus import K1 as EXACT_K1  # what exact rescoring computes: LocalCorpus' BM25
 
-EXACT_K1 = 1.5  # LocalCorpus' k1 (bm25s, method "lucene"): what exact rescoring computes
 RESCORE_POOL = 50  # papers the engine proposes per query for exact rescoring (at least k)
 
 
@@ -118,7 +119,8 @@ class LiteratureIndex:
         scored = []
         for _, order, addr in candidates:
             rec = self._record(addr)
-            score = lucene_bm25(tokens, self._analyzer.analyze(paper_text(rec)), idf, self._avgdl, k1=EXACT_K1, b=B)
+            score = lucene_bm25(tokens, self._analyzer.analyze(paper_text(rec)), idf, self._avgdl, k1=EXACT_K1,
+                                b=EXACT_B)
             scored.append((score, order, rec))
         return sorted(scored, key=lambda t: (-t[0], t[1]))[:k]
 

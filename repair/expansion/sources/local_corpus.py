@@ -21,7 +21,8 @@ from repair.expansion.sources.base import Paper
 
 logger = logging.getLogger(__name__)
 
-INDEX_VERSION = "bm25s-lucene-k1.5-b0.75-en-stopwords-v1"  # part of the index fingerprint
+K1, B = 1.5, 0.75  # bm25s' BM25 (Lucene variant): the verification every literature source reproduces
+INDEX_VERSION = "bm25s-lucene-k1.5-b0.75-en-stopwords-v1"  # part of the index fingerprint (names K1, B above)
 
 
 def corpus_file(path: str | os.PathLike) -> Path:
@@ -92,7 +93,7 @@ class LocalCorpus:
 
         logger.info("building the BM25 index of %d papers from %s", len(self.papers), self.corpus_path)
         texts = [f"{p.title} {p.abstract}".strip() for p in self.papers]
-        self.retriever = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
+        self.retriever = bm25s.BM25(k1=K1, b=B, method="lucene")
         self.retriever.index(_tokenize(texts, return_ids=True), show_progress=False)
         self.index_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{self.index_dir.name}.", dir=self.index_dir.parent))
