@@ -268,14 +268,26 @@ for ((k = 1; k <= ITERS; k++)); do
   fi
   # QUERY_FORM=doc2query (issue 30): no concept search; 06c writes queries from Stage I's confusing documents below
   D2Q=0; [[ "$QUERY_FORM" == doc2query && "$EXPANSION" == 1 ]] && D2Q=1
+  # HARD_TUPLES=1 (issue 43): 06e keeps the verified tuples the current retriever gets wrong (differentiation/
+  # 06e_hard_tuples.py), in each 05 -> 06 round (title / generated forms: HARD_TARGET counts them) or after 06c
+  HARD_ARGS=(--model "$CUR_MODEL" "${AFLAG[@]}" --max_length "$MAX_LENGTH" --batch_size "$BATCH_SIZE" \
+    --cache_dir "$EMB_CACHE" --margin "$HARD_MARGIN" --budget "$HARD_BUDGET" --dup_cosine "$HARD_DUP" \
+    --lex_tie "$HARD_LEX_TIE" "${DEVICE_FLAG[@]}")
+  HARD_ROUNDS=(); HARD_AFTER=0
+  if [[ "$HARD_TUPLES" == 1 && ( "$QUERY_FORM" == t0 || "$D2Q" == 1 ) ]]; then HARD_AFTER=1
+  elif [[ "$HARD_TUPLES" == 1 ]]; then
+    HARD_ROUNDS=(--hard_jsonl "$EXP/expansion.hard.bottom_${PP}pct.jsonl" --hard_args "$(printf '%q ' "${HARD_ARGS[@]}")"
+      --hard_target "$HARD_TARGET")
+  fi
   [[ "$EXPANSION" == 1 && "$D2Q" == 0 && ( "$FORCE" == 1 || ! -f "$STATE/iter$k.expansion.done" ) ]] && STEPS_RUN=$((STEPS_RUN + 1))
   [[ "$D2Q" == 0 ]] && "$PYTHON" "$HERE/expansion/05_06_rounds.py" --iteration "iter$k" --state_dir "$STATE" --logs_dir "$LOGS" \
     --expansion "$EXPANSION" --force "$FORCE" --concept_txt "$CONCEPTS" --generated_jsonl "$EXP/generated.bottom_${PP}pct.jsonl" \
     --out_jsonl "$EXPJ" --gen_round "$GEN_ROUND" --max_rounds "$MAX_ROUNDS" --target_valid "$TARGET_VALID" \
     --target_k "$TARGET_K" --seed "$GEN_SEED" --grounding "$GROUNDING" --query_form "$QUERY_FORM" --source "$SOURCE" \
     --local_corpus "$LOCAL_CORPUS" --literature_index "$LITERATURE_INDEX" --s2_key_file "$S2_KEY_FILE" --elsevier_key_file "$ELSEVIER_KEY_FILE" \
-    --device "$DEVICE" --python "$PYTHON" "${JUDGE_FLAGS[@]}" -- "${GEN_FLAGS[@]}"
+    --device "$DEVICE" --python "$PYTHON" "${JUDGE_FLAGS[@]}" "${HARD_ROUNDS[@]}" -- "${GEN_FLAGS[@]}"
   [[ "$JUDGE" == 1 ]] && EXPJ="$EXP/expansion.judged.bottom_${PP}pct.jsonl"
+  [[ ${#HARD_ROUNDS[@]} -gt 0 ]] && EXPJ="$EXP/expansion.hard.bottom_${PP}pct.jsonl"
 
   if [[ "$QUERY_FORM" == t0 && "$EXPANSION" == 1 ]]; then  # issue 16: q_new rewritten in T0's query style
     EXPT0="$EXP/expansion.t0.bottom_${PP}pct.jsonl"
@@ -297,6 +309,12 @@ for ((k = 1; k <= ITERS; k++)); do
     step "iter$k.06c_doc2query" "" "$PYTHON" "$HERE/expansion/06c_t0_style_queries.py" --input_jsonl "$CONFJ" \
       --doc2query "$D2Q_DOCS" --train_data "$TRAIN_DATA" --split "$TRAIN_SPLIT" --out_jsonl "$EXPJ" --seed "$GEN_SEED" \
       --style "$QUERY_STYLE" "${GEN_FLAGS[@]}" "${D2Q_RESUME[@]}" "${DEVICE_FLAG[@]}" $QUERY_EXTRA
+  fi
+
+  if [[ "$HARD_AFTER" == 1 ]]; then  # HARD_TUPLES=1 on 06c's rewritten (t0) or written (doc2query) queries
+    step "iter$k.06e_hard" "" "$PYTHON" "$HERE/differentiation/06e_hard_tuples.py" --input_jsonl "$EXPJ" \
+      --output_jsonl "$EXP/expansion.hard.bottom_${PP}pct.jsonl" "${HARD_ARGS[@]}"
+    EXPJ="$EXP/expansion.hard.bottom_${PP}pct.jsonl"
   fi
 
   # ---- Stage III: Differentiation (input: Stage II's tuples and, with CONFUSED_TUPLES=1, Q_conf's own queries)

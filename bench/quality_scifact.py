@@ -38,6 +38,8 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
   repair_lit_bm25s      issue 41: the faithful Stage II (default generator, title form, half a round, one generation
                         for every seed) verified through the in-memory bm25s source; repair_lit_index the same 05
                         queries verified through the on-disk tantivy index of the same corpus (paired per seed)
+  repair_conf_hard      issue 43: repair_conf_only + the faithful title-form Stage II tuples that the retriever gets
+                        wrong or nearly (HARD_TUPLES=1, HARD_MARGIN 0.2; _m01: 0.1), rounds until 130 hard or 3
   repair_conf_one       issue 30: the decoder form of repair_conf_bm25_one (in-batch warm start, then lever 3 in the
                         same schedule); its control is inbatch2x
   (every lever row: VARIANTS below)
@@ -262,6 +264,19 @@ VARIANTS: dict[str, Variant] = {
     "repair_lit_bm25s": Variant({"GEN_ROUND": "324", "GEN_SEED": "1"}, None, seed_free="09"),
     "repair_lit_index": Variant({"GEN_ROUND": "324", "GEN_SEED": "1", "LITERATURE_INDEX": SCIFACT_INDEX},
                                 "05:repair_lit_bm25s", seed_free="09"),
+    # issue 43: lever 3 + Stage II's faithful title-form tuples, of which only the ones the off-the-shelf retriever
+    # gets wrong or nearly (HARD_TUPLES=1: d+ not first, or margin below HARD_MARGIN) are kept; the rounds go on
+    # (GEN_ROUND 324 each, round 1 = repair_lit_bm25s's 05) until as many hard tuples as Q_conf's kept claims (130)
+    # or 3 rounds. HARD_MARGIN 0.2: the title form's 20th percentile (43 of 214 at round 1); its twin is
+    # repair_conf_only (the same training without Stage II's tuples)
+    "repair_conf_hard": Variant({"CONFUSED_TUPLES": "1", "GEN_ROUND": "324", "GEN_SEED": "1", "MAX_ROUNDS": "3",
+                                 "HARD_TUPLES": "1", "HARD_MARGIN": "0.2", "HARD_TARGET": "130"},
+                                "05:repair_lit_bm25s", seed_free="09"),
+    # the same generation (repair_conf_hard's three rounds of 05, copied) with the stricter threshold HARD_MARGIN 0.1:
+    # the two rows are the dev choice of the threshold
+    "repair_conf_hard_m01": Variant({"CONFUSED_TUPLES": "1", "GEN_ROUND": "324", "GEN_SEED": "1", "MAX_ROUNDS": "3",
+                                     "HARD_TUPLES": "1", "HARD_MARGIN": "0.1", "HARD_TARGET": "130"},
+                                    "05:repair_conf_hard", seed_free="09"),
     # Eq. 6 with kappa = TOP_K: keep the diagnosed claims whose gold positive ranks low in its own pool (the most
     # confused ones, which kappa 5 drops although their positive is gold, not generated)
     "repair_conf_only_k15": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),

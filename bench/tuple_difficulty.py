@@ -10,7 +10,9 @@ Reads, for each run folder, its last iteration (report.json) ``differentiation/f
 ``source``, ``pos_rank``, ``pos_score``, ``hard_negative_scores``) and, to split Stage II's tuples by the query type
 the generator was asked for (``QUERY_STYLE=mixed``), 06c's output ``expansion/expansion.<form>.bottom_PPpct.jsonl``'s
 ``t0_rewrite.asked_style`` (else its ``style``) by tuple id. Prints one Markdown row per (run, source[, query type]): tuples, positive ranked first (count
-and share), mean and median margin (positive score minus the hardest negative's).
+and share), mean and median margin (positive score minus the hardest negative's). For a run whose rounds recorded a
+funnel (``expansion/*.funnel.jsonl``, issue 43's HARD_TUPLES=1 runs) it then prints Stage II's funnel per round:
+generated -> verified -> hard, and the Stage II tuples 09 kept (every final tuple not from Q_conf's own claims).
 
 Example:
   python bench/tuple_difficulty.py runs/quality/repair/repair_conf_d2q_s1 runs/quality/repair/repair_conf_d2q_mixed_s1
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from repair.cli import run_script
 from repair.data import DataError, iter_jsonl
+from repair.diagnosis.confused_tuples import SOURCE as CONFUSED_SOURCE
 from repair.evaluation.report import final_iteration
 from repair.tables import markdown_table
 
@@ -67,6 +70,20 @@ def tuple_difficulty(run_dir: Path) -> list[dict]:
             for (source, style), items in groups.items()]
 
 
+def stage2_funnel(run_dir: Path) -> list[dict]:
+    """One row per expansion round of the run's last iteration (its ``*.funnel.jsonl``), the last one with the Stage II
+    tuples that 09 kept; [] for a run without a funnel file."""
+    iteration = final_iteration(run_dir)
+    files = sorted((iteration / "expansion").glob("*.funnel.jsonl"))
+    if not files:
+        return []
+    rounds = list(iter_jsonl(files[0], required={"round": int, "generated": int, "verified": int}))
+    kept = sum(1 for path in sorted((iteration / "differentiation").glob("final_train_data.*.jsonl"))
+               for record in iter_jsonl(path, required={"source": str}) if record["source"] != CONFUSED_SOURCE)
+    return [{"run": run_dir.name, **r, "kept_by_09": kept if i == len(rounds) - 1 else None}
+            for i, r in enumerate(rounds)]
+
+
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", type=Path, help="driver run folders (the folder holding report.json)")
@@ -77,6 +94,12 @@ def main(argv: list[str]) -> None:
         [[r["run"], r["source"], r["query_type"], r["tuples"], r["ranked_first"],
           f"{r['ranked_first'] / r['tuples']:.2f}", f"{r['mean_margin']:+.3f}", f"{r['median_margin']:+.3f}"]
          for r in rows]))
+    funnel = [row for run in args.runs for row in stage2_funnel(run)]
+    if funnel:
+        print()
+        print(markdown_table(["run", "round", "generated (all rounds)", "verified", "hard", "Stage II kept by 09"],
+                             [[r["run"], r["round"], r["generated"], r["verified"], r.get("hard", "–"),
+                               "" if r["kept_by_09"] is None else r["kept_by_09"]] for r in funnel]))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ marker in --state_dir exists; command in --logs_dir/<step>.cmd, output in <step>
 <iteration>.expansion.done, holding the valid count) is skipped. Everything after "--" goes to 05 as generator
 flags (--backend, --model, --adapter, --openai_url ...). With --judge 1 (JUDGE=1, issue 30) each round also runs
 06d (expansion/06d_judge_relevance.py, flags in --judge_args) on 06's file into --judged_jsonl, and the judged tuples
-are the ones counted. run_repair.sh calls this once per iteration.
+are the ones counted. With --hard_jsonl (HARD_TUPLES=1, issue 43) each round also runs 06e
+(differentiation/06e_hard_tuples.py, flags in --hard_args) on the verified file, and with --hard_target N the rounds
+go on until N hard tuples. run_repair.sh calls this once per iteration.
 
 Example (what the driver runs, shortened):
   python expansion/05_06_rounds.py --iteration iter1 --state_dir run/.state --logs_dir run/logs \\
@@ -24,7 +26,7 @@ import sys
 from pathlib import Path
 
 
-from repair.cli import positive_int, run_script, seed_int
+from repair.cli import non_negative_int, positive_int, run_script, seed_int
 from repair.driver.steps import StepFailed, StepRunner
 from repair.driver.expansion_rounds import SOURCES, ExpansionRounds, run_expansion_rounds
 
@@ -68,6 +70,14 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--judge_args", default="",
                    help="06d's flags as one shell-quoted string, e.g. \"--backend hf --model qwen2.5-coder-0.5b "
                         "--threshold 0.5 --judge_k 5 --cache_jsonl run/cache/judge.jsonl\"")
+    p.add_argument("--hard_jsonl", default="",
+                   help="HARD_TUPLES=1: 06e's output; each round then runs differentiation/06e_hard_tuples.py on the "
+                        "verified (judged) file (default: no selection)")
+    p.add_argument("--hard_args", default="",
+                   help="06e's flags as one shell-quoted string (retriever, --margin, --budget, guards, --cache_dir)")
+    p.add_argument("--hard_target", type=non_negative_int, default=0,
+                   help="HARD_TARGET: with --hard_jsonl, go on until this many hard tuples instead of --target_valid "
+                        "verified ones; 0 = count verified ones (default: %(default)s)")
     p.add_argument("--python", default=sys.executable,
                    help="the interpreter that runs 05 and 06 (the driver's $PYTHON) (default: this one)")
     return p.parse_args(own), generator_flags
@@ -85,7 +95,8 @@ def main(argv: list[str]) -> int:
         literature_index=args.literature_index,
         s2_key_file=args.s2_key_file, elsevier_key_file=args.elsevier_key_file, generator_flags=generator_flags,
         device=args.device, judged_jsonl=Path(args.judged_jsonl) if args.judge == 1 else None,
-        judge_args=args.judge_args)
+        judge_args=args.judge_args, hard_jsonl=Path(args.hard_jsonl) if args.hard_jsonl else None,
+        hard_args=args.hard_args, hard_target=args.hard_target)
     runner = StepRunner(Path(args.state_dir), Path(args.logs_dir), force=args.force == 1)
     try:
         run_expansion_rounds(stage, runner, python=args.python, scripts=Path(__file__).absolute().parent,

@@ -27,6 +27,13 @@ def word_key(text: str) -> str:
     return " ".join(re.findall(r"\w+", text.lower()))
 
 
+def mentions_any(text: str, terms: Sequence[str]) -> bool:
+    """Whether ``text`` contains one of ``terms`` as a whole term (case-insensitive): the concept check of 06's
+    ``--require_concept`` and of the hard-tuple guard's measurement (a concept "BCL-2" is not found in "BCL-20")."""
+    lowered = text.lower()
+    return any(re.search(r"(?<!\w)" + re.escape(t.lower()) + r"(?!\w)", lowered) for t in terms if t.strip())
+
+
 def clip_text(text: str, max_chars: int) -> str:
     """Cut a long text at a word boundary (prompt budget for small-context generators)."""
     text = " ".join(text.split())

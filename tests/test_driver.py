@@ -619,12 +619,14 @@ def doc2query_reply(messages: list[dict], seed: int) -> str:
 def test_driver_doc2query_writes_queries_from_the_confusing_documents(tiny_model_dir, tmp_path):
     """QUERY_FORM=doc2query (issue 30): no 05 / 06 rounds; 06b's confused tuples feed 06c --doc2query, whose
     tuples (d+ = a document that outranked a confused claim's positive) are Stage III's input and reach training;
-    with CONFUSED_TUPLES=0 the confused claims themselves are not."""
+    with CONFUSED_TUPLES=0 the confused claims themselves are not. With HARD_TUPLES=1 (issue 43) step 06e selects
+    among 06c's tuples (HARD_MARGIN 2, the largest cosine margin: every tuple with a candidate is hard) and 07 reads its file."""
     data = make_corpus(tmp_path / "matsci")
     with FakeServer(openai_route(doc2query_reply, model="fake-generator")) as llm:
         env = driver_env(tmp_path, tiny_model_dir, data, llm.url, "run_d2q")
         env.update({"ITERS": "1", "EVAL_DATA": "", "QUERY_FORM": "doc2query", "QUERY_STYLE": "mixed",
-                    "D2Q_DOCS": "2", "GEN_SEED": "3"})
+                    "D2Q_DOCS": "2", "GEN_SEED": "3", "HARD_TUPLES": "1", "HARD_MARGIN": "2", "HARD_DUP": "1",
+                    "HARD_LEX_TIE": "-1"})
         proc = run_driver(env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run, logs = tmp_path / "run_d2q", tmp_path / "run_d2q" / "logs"
@@ -643,10 +645,14 @@ def test_driver_doc2query_writes_queries_from_the_confusing_documents(tiny_model
         seeds = [r for r in confused if r["id"] in t["seed_queries"]]
         assert [c["abstract"] for c in t["negative_candidates"][:len(seeds)]] == [r["d_pos"] for r in seeds]
         assert t["query_form"] == "doc2query" and t["q_new"].endswith("films after annealing")
+    hard_path = run / "iter1" / "expansion" / "expansion.hard.bottom_30pct.jsonl"
+    assert f"--input_jsonl {written} --output_jsonl {hard_path} " in (logs / "iter1.06e_hard.cmd").read_text()
+    hard = [json.loads(x) for x in hard_path.open()]
+    assert {t["id"] for t in hard} == {t["id"] for t in tuples if t["negative_candidates"]} and hard
     embed_cmd = (logs / "iter1.07_embed.cmd").read_text()
-    assert str(written) in embed_cmd and str(confused_path) not in embed_cmd  # CONFUSED_TUPLES=0
+    assert str(hard_path) in embed_cmd and str(confused_path) not in embed_cmd  # CONFUSED_TUPLES=0
     final = [json.loads(x) for x in (run / "iter1" / "differentiation" / "final_train_data.bottom_30pct.jsonl").open()]
-    assert final and {r["query"] for r in final} <= {t["q_new"] for t in tuples}
+    assert final and {r["query"] for r in final} <= {t["q_new"] for t in hard}
     report = json.loads((run / "report.json").read_text())["iterations"][1]
     assert report["generated"] == len([json.loads(x) for x in open(f"{written}.sources.jsonl")])
     assert report["generated_accepted"] == len(tuples)

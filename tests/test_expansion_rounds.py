@@ -181,3 +181,39 @@ def test_each_source_gets_its_script_and_key_file(tmp_path):
     assert gen.generate_command("py", scripts, 1)[-3:] == ["--resume", "--device", "cuda:1"]
     with pytest.raises(ValueError, match="SOURCE must be one of local, semantic_scholar, elsevier, got 'google'"):
         stage(tmp_path, source="google")
+
+
+def test_hard_selection_each_round_until_the_hard_target(tmp_path, server, tiny_model_dir):
+    """HARD_TUPLES=1 (issue 43): 06e runs after each round's 06 on the whole verified file and the rounds count its
+    hard tuples against --hard_target; the funnel file records generated -> verified -> hard per round."""
+    run = tmp_path / "run"
+    exp = run / "iter1" / "expansion"
+    hard_args = (f"--model {tiny_model_dir} --max_length 64 --margin 5 --lex_tie -1 --dup_cosine 1.0 "
+                 f"--cache_dir {tmp_path / 'emb_cache'}")  # margin 5: every tuple with a candidate is hard
+    done = run_rounds(run, server.url, "--hard_jsonl", str(exp / "expansion.hard.jsonl"), "--hard_args", hard_args,
+                      "--hard_target", "1000")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = said(done.stdout)
+    steps = ["iter1.05_generate.r1", "iter1.06_verify.r1", "iter1.06e_hard.r1",
+             "iter1.05_generate.r2", "iter1.06_verify.r2", "iter1.06e_hard.r2"]
+    assert [ln.split()[1] for ln in lines if ln.startswith("start ")] == steps
+    with_candidates = [r for r in read_jsonl(exp / "expansion.jsonl") if r["negative_candidates"]]
+    hard = read_jsonl(exp / "expansion.hard.jsonl")
+    assert {r["id"] for r in hard} == {r["id"] for r in with_candidates} and len(hard) > 0
+    verified = count_valid(exp / "expansion.jsonl")
+    assert f"expansion round 2: {len(hard)} / 1000 hard tuples ({verified} verified, {len(hard)} hard)" in lines
+    funnel = read_jsonl(exp / "expansion.jsonl.funnel.jsonl")
+    assert [(f["round"], f["generated"]) for f in funnel] == [(1, 8), (2, 16)]
+    assert funnel[-1]["verified"] == verified and funnel[-1]["hard"] == len(hard)
+    assert (run / "state" / "iter1.expansion.done").read_text() == f"{len(hard)}\n"
+    # 06 records the source's score of every candidate for 06e's lexical-tie guard (only with HARD_TUPLES=1)
+    assert (run / "logs" / "iter1.06_verify.r1.cmd").read_text().endswith(" --candidate_scores \n")
+    assert all(isinstance(c["score"], float) for r in with_candidates for c in r["negative_candidates"])
+    assert f"--input_jsonl {exp / 'expansion.jsonl'} --output_jsonl {exp / 'expansion.hard.jsonl'} --model " \
+        in (run / "logs" / "iter1.06e_hard.r2.cmd").read_text()
+
+    # a target the first round reaches stops there
+    again = run_rounds(tmp_path / "run2", server.url, "--hard_jsonl", str(tmp_path / "run2" / "h.jsonl"),
+                       "--hard_args", hard_args, "--hard_target", "1")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [ln.split()[1] for ln in said(again.stdout) if ln.startswith("start ")] == steps[:3]

@@ -63,6 +63,16 @@ def test_every_numeric_enum_and_path_setting_is_checked_with_its_name():
         "OPENAI_URL must be an http(s):// URL (several servers: comma-separated), got 'ftp://b:21/v1'"]
     assert problems_for({**base, "NNODES": "0"}) == ["NNODES must be in 1..2147483647, got 0"]
     assert problems_for({**base, "MASTER_PORT": "70000"}) == ["MASTER_PORT must be in 1..65535, got 70000"]
+    # HARD_TUPLES (issue 43): its settings are bounded, and HARD_TARGET only where rounds can count hard tuples
+    assert problems_for({**base, "HARD_TUPLES": "1", "HARD_MARGIN": "0.2", "HARD_TARGET": "130"}) == []
+    assert problems_for({**base, "HARD_DUP": "1.5"}) == ["HARD_DUP must be in [-1, 1], got 1.5"]
+    assert problems_for({**base, "HARD_BUDGET": "-1"}) == ["HARD_BUDGET must be in 0..2147483647, got -1"]
+    assert problems_for({**base, "HARD_TARGET": "5"}) == [
+        "HARD_TARGET counts the hard tuples of HARD_TUPLES=1: set HARD_TUPLES=1 or HARD_TARGET=0"]
+    assert problems_for({**base, "HARD_TUPLES": "1", "EXPANSION": "0", "CONFUSED_TUPLES": "1"}) == [
+        "HARD_TUPLES=1 selects among Stage II's verified tuples: it needs EXPANSION=1"]
+    assert problems_for({**base, "HARD_TUPLES": "1", "HARD_TARGET": "5", "QUERY_FORM": "doc2query"})[0].startswith(
+        "HARD_TARGET counts hard tuples in the 05 -> 06 rounds; QUERY_FORM=doc2query writes its queries after them")
     # several bad values: every one is reported at once, not the first only
     many = problems_for({**base, "PCT": "150", "EPOCHS": "1.5", "TOP_K": "3", "CONSISTENCY_K": "5"})
     assert many == ["PCT must be in 1..100, got 150", "EPOCHS must be an integer, got '1.5'",

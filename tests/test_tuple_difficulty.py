@@ -73,3 +73,17 @@ def test_a_folder_without_a_report_is_refused(tmp_path):
     out = run_script(tmp_path)
     assert out.returncode == 2
     assert "report.json" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_stage2_funnel_per_round_with_what_09_kept(tmp_path):
+    """A HARD_TUPLES=1 run's rounds recorded generated -> verified -> hard (issue 43); the last round's row adds the
+    Stage II tuples 09 kept: every final tuple not from Q_conf's own claims (here the 3 doc2query ones)."""
+    run = make_run(tmp_path)
+    write_jsonl(run / "iter1" / "expansion" / "expansion.bottom_30pct.jsonl.funnel.jsonl", [
+        {"round": 1, "generated": 288, "verified": 214, "hard": 40},
+        {"round": 2, "generated": 576, "verified": 420, "hard": 81}])
+    out = run_script(run)
+    assert out.returncode == 0, out.stderr
+    table = out.stdout.strip().split("\n\n")[1].splitlines()
+    assert table[0] == "| run | round | generated (all rounds) | verified | hard | Stage II kept by 09 |"
+    assert table[2:] == ["| repair_x_s1 | 1 | 288 | 214 | 40 |  |", "| repair_x_s1 | 2 | 576 | 420 | 81 | 3 |"]

@@ -338,6 +338,14 @@ def validate(resolved: Resolved, environ: Mapping[str, str], check_installed: bo
     if v["JUDGE"] == "1" and v["QUERY_FORM"] == "doc2query":
         bad("JUDGE", "JUDGE=1 judges 06's verified tuples; QUERY_FORM=doc2query writes none (its positive is the "
                      "document the query was written from)")
+    if v["HARD_TUPLES"] == "1" and v["EXPANSION"] == "0":
+        bad("HARD_TUPLES", "HARD_TUPLES=1 selects among Stage II's verified tuples: it needs EXPANSION=1")
+    if v["HARD_TARGET"] not in ("", "0") and v["HARD_TUPLES"] != "1":
+        bad("HARD_TARGET", "HARD_TARGET counts the hard tuples of HARD_TUPLES=1: set HARD_TUPLES=1 or HARD_TARGET=0")
+    if v["HARD_TARGET"] not in ("", "0") and v["QUERY_FORM"] in ("t0", "doc2query"):
+        bad("HARD_TARGET", f"HARD_TARGET counts hard tuples in the 05 -> 06 rounds; QUERY_FORM={v['QUERY_FORM']} "
+                           "writes its queries after them (06c), so there is nothing to count: use HARD_BUDGET, "
+                           "and D2Q_DOCS / GEN_ROUND for volume")
     if v["EXPANSION"] == "0" and v["CONFUSED_TUPLES"] != "1":
         bad("EXPANSION", "EXPANSION=0 needs CONFUSED_TUPLES=1: without Stage II's tuples Stage III has no input")
     if v["ITER_STEPS"] == "t0" and any(flag.split("=")[0] == "--max_steps" for flag in v["TRAIN_EXTRA"].split()):

@@ -172,6 +172,22 @@ SETTINGS: tuple[Setting, ...] = (
        "float", 0, 1),
     _s("JUDGE_K", "Expansion (Stage II)", str(DEFAULT_JUDGE_K),
        "hits judged per tuple (the positive + the first JUDGE_K - 1 candidates)", "int", 1, COUNT_MAX),
+    _s("HARD_TUPLES", "Expansion (Stage II)", "0",
+       "1 = keep only the verified tuples the current retriever gets wrong or nearly (issue 43; differentiation/"
+       "06e_hard_tuples.py after each 06, or after 06c for QUERY_FORM=t0/doc2query): d+ not first among the source's "
+       "hits, or margin s(q,d+) - max s(q,d-) below HARD_MARGIN, hardest first, guards against false labels", "flag"),
+    _s("HARD_MARGIN", "Expansion (Stage II)", "0.1",
+       "HARD_TUPLES=1: a tuple whose margin is below this is hard (choose it on dev)", "float", -2, 2),
+    _s("HARD_BUDGET", "Expansion (Stage II)", "0",
+       "HARD_TUPLES=1: keep at most this many hard tuples, lowest margin first (0 = all)", "int", 0, COUNT_MAX),
+    _s("HARD_TARGET", "Expansion (Stage II)", "0",
+       "HARD_TUPLES=1: generate rounds (up to MAX_ROUNDS) until this many hard tuples, instead of TARGET_VALID "
+       "verified ones (0 = as without HARD_TUPLES; QUERY_FORM title/generated)", "int", 0, COUNT_MAX),
+    _s("HARD_DUP", "Expansion (Stage II)", "0.95",
+       "HARD_TUPLES=1 guard: drop a hard tuple whose preferred hit has passage cosine >= this to d+", "float", -1, 1),
+    _s("HARD_LEX_TIE", "Expansion (Stage II)", "0.02",
+       "HARD_TUPLES=1 guard: drop a hard tuple whose preferred hit the source scored within this share of d+'s "
+       "score (a tie the search could not break; negative = off)", "float", -1, 1),
     _s("EXPANSION", "Expansion (Stage II)", "1", "0 = skip Stage II (needs CONFUSED_TUPLES=1: Stage III then sees "
        "only the diagnosed T0 queries)", "flag"),
     _s("TOP_K", "Differentiation (Stage III)", "15", "hard negatives kept per tuple (Eq. 7)", "int", 1, COUNT_MAX),

@@ -73,6 +73,9 @@ def build_parser(source: str) -> argparse.ArgumentParser:
     p.add_argument("--require_concept", action="store_true",
                    help="stricter than the paper: the positive must mention one of the query's concepts "
                         "(the top such hit with an abstract); else the query is discarded as off_concept")
+    p.add_argument("--candidate_scores", action="store_true",
+                   help="record each negative candidate's score from the source (the driver sets it with "
+                        "HARD_TUPLES=1: 06e's lexical-tie guard reads it)")
     p.add_argument("--query_form", choices=QUERY_FORMS, default=DEFAULT_QUERY_FORM,
                    help="what q_new is (query mode): title = the verified top hit's title (the paper, whose T0 is "
                         "title -> abstract); generated = the generator's own query (top hit = positive), for a T0 "
@@ -182,7 +185,7 @@ def verification_main(source: str, argv: list[str] | None = None) -> int:
                                      item_sleep=args.per_item_sleep,
                                      allow_duplicate_positives=args.allow_duplicate_positives,
                                      require_concept=args.require_concept, query_form=args.query_form,
-                                     progress=not args.no_progress)
+                                     candidate_scores=args.candidate_scores, progress=not args.no_progress)
     except SourceError as exc:  # fatal: bad key / quota; the message names the service, never the key
         logger.error("%s", exc)
         print(json.dumps({"source": source, "mode": args.mode, "out_jsonl": args.out_jsonl, "error": str(exc),

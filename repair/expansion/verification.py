@@ -25,7 +25,6 @@ Separate from 05 (:mod:`repair.expansion.query_generation`): 06 needs a source, 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,6 +36,7 @@ from repair.data import DataError, JsonlAppender, iter_appended_jsonl, iter_json
 from repair.expansion.query_generation import GENERATED_OPTIONAL, GENERATED_REQUIRED, generation_summary
 from repair.expansion.sources.base import LiteratureSource, Paper, cap_query
 from repair.expansion.sources.http import SourceError
+from repair.text import mentions_any
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +71,12 @@ def _meta(p: Paper) -> dict:
 
 def mentions_concept(paper: Paper, concepts: list[str]) -> bool:
     """Whether the paper's title or abstract contains one of the concepts as a whole term (case-insensitive)."""
-    text = f"{paper.title} {paper.abstract}".lower()
-    return any(re.search(r"(?<!\w)" + re.escape(c.lower()) + r"(?!\w)", text) for c in concepts if c.strip())
+    return mentions_any(f"{paper.title} {paper.abstract}", concepts)
 
 
 def verify_hits(row: dict, hits: list[Paper], target_k: int, source: str,
                 used_positives: Container[str] | None = None, require_concept: bool = False,
-                query_form: str = DEFAULT_QUERY_FORM) -> Verdict:
+                query_form: str = DEFAULT_QUERY_FORM, candidate_scores: bool = False) -> Verdict:
     """Apply the paper's verification rule to one generated query's hits (DESIGN 5 step 6).
 
     The top hit that has an abstract is the positive (papers without an abstract cannot be d+); q_new is
@@ -87,7 +86,8 @@ def verify_hits(row: dict, hits: list[Paper], target_k: int, source: str,
     ``require_concept`` (not in the paper; a stricter option) takes the top hit with an abstract that also
     mentions one of the query's concepts, and calls the query ``off_concept`` when no hit does.
     ``query_form`` "generated" makes q_new the generated query itself (d+ and D-_cand unchanged; the title stays in
-    ``pos_meta``), for seed sets whose queries are not titles (issue 16).
+    ``pos_meta``), for seed sets whose queries are not titles (issue 16). ``candidate_scores`` also records each
+    candidate's ``score`` from the source (issue 43: 06e's lexical-tie guard reads it; off, the file is as before).
     """
     if query_form not in QUERY_FORMS:
         raise ValueError(f"unknown query form {query_form!r}; expected one of {QUERY_FORMS}")
@@ -109,7 +109,10 @@ def verify_hits(row: dict, hits: list[Paper], target_k: int, source: str,
     for i, h in enumerate(hits):
         if i == pos_rank or not h.abstract.strip() or h.dedup_key() == pos.dedup_key() or h.abstract == pos.abstract:
             continue
-        negatives.append({"id": h.id, "doi": h.doi, "title": h.title, "abstract": h.abstract})
+        negative = {"id": h.id, "doi": h.doi, "title": h.title, "abstract": h.abstract}
+        if candidate_scores and h.score is not None:  # the source's own score (BM25 for the local corpus): 06e's guard
+            negative["score"] = round(h.score, 4)
+        negatives.append(negative)
         if len(negatives) >= target_k:
             break
     q_new = row["query"] if query_form == "generated" else pos.title
@@ -337,7 +340,7 @@ def run_verification(source: LiteratureSource, generated_jsonl: str | Path, out_
                      resume: bool = False, target_valid: int | None = None, workers: int = 1,
                      max_items: int | None = None, item_sleep: float = 0.0, allow_duplicate_positives: bool = False,
                      require_concept: bool = False, query_form: str = DEFAULT_QUERY_FORM,
-                     progress: bool = True) -> VerificationStats:
+                     candidate_scores: bool = False, progress: bool = True) -> VerificationStats:
     """Verify every generated query not done yet; append tuples to ``out_jsonl``, statuses beside it.
 
     A query is done once its tuple is in ``out_jsonl`` or its last status is one of :data:`DONE_STATUSES`;
@@ -400,7 +403,7 @@ def run_verification(source: LiteratureSource, generated_jsonl: str | Path, out_
         index = order[row["id"]]
         verdict = verify_hits(row, hits, target_k, source.name,
                               None if allow_duplicate_positives else _PositivesBefore(first_use, index),
-                              require_concept, query_form)
+                              require_concept, query_form, candidate_scores)
         if verdict.record is not None:
             out.append(verdict.record)  # the tuple first: a kill before the status line loses nothing
             key = _positive_key(verdict.record)
