@@ -656,6 +656,7 @@ def test_driver_doc2query_writes_queries_from_the_confusing_documents(tiny_model
     report = json.loads((run / "report.json").read_text())["iterations"][1]
     assert report["generated"] == len([json.loads(x) for x in open(f"{written}.sources.jsonl")])
     assert report["generated_accepted"] == len(tuples)
+    assert report["hard"] == len(hard) and "| hard | kept |" in (run / "report.md").read_text()
 
 
 def test_driver_force_retrains_every_training_with_the_new_settings(tiny_model_dir, tmp_path):

@@ -118,6 +118,9 @@ def collect(run_dir: str | Path, pct: int = 30) -> dict:
             expansion = it / "expansion" / f"expansion.bottom_{pp}pct.jsonl"
             if expansion.exists():
                 row["verified"] = sum(1 for _ in iter_jsonl(expansion, skip_partial_last=True))
+            hard = it / "expansion" / f"expansion.hard.bottom_{pp}pct.jsonl"
+            if hard.exists():  # HARD_TUPLES=1 (issue 43): the verified tuples the retriever got wrong or nearly
+                row["hard"] = sum(1 for _ in iter_jsonl(hard, skip_partial_last=True))
             doc2query = it / "expansion" / f"expansion.doc2query.bottom_{pp}pct.jsonl"
             if doc2query.exists():  # QUERY_FORM=doc2query: documents asked, queries written (nothing to verify)
                 asked = Path(f"{doc2query}.sources.jsonl")
@@ -182,6 +185,8 @@ def metrics_table(summary: dict) -> str:
 def counts_table(summary: dict) -> str:
     cols = [("|T0|", "t0"), ("|Q_conf|", "q_conf"), ("|C_conf|", "c_conf"), ("generated", "generated"),
             ("accepted", "generated_accepted"), ("verified", "verified"), ("kept", "kept")]
+    if any("hard" in it for it in summary["iterations"]):  # HARD_TUPLES=1: 06e's selection, between 06 and 09
+        cols.insert(-1, ("hard", "hard"))
     rows = []
     for it in summary["iterations"]:
         if it["iter"] == 0:
@@ -323,7 +328,8 @@ def write_report(run_dir: str | Path, pct: int = 30, overwrite: bool = False) ->
              "the same training on T0's data alone, and REPAIR's difference from it)", "", metrics_table(summary), "",
              "## What each iteration produced", "", counts_table(summary), "",
              "generated = queries the generator wrote; accepted = those that survived cleaning; verified = "
-             "tuples the literature source confirmed (top hit title = q_new, its abstract = d+); kept = tuples "
+             "tuples the literature source confirmed (top hit title = q_new, its abstract = d+); hard (HARD_TUPLES=1) = "
+             "verified tuples the retriever got wrong or nearly (06e); kept = tuples "
              "that passed the consistency filter (Eq. 6) and became training triplets.", "",
              "## Wall time per stage", "", time_table(summary), ""]
     for image in images:
