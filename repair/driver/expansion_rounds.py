@@ -165,9 +165,10 @@ def run_expansion_rounds(stage: ExpansionRounds, runner: StepRunner, *, python: 
             runner.run(f"{stage.iteration}.06d_judge.r{round_no}", stage.judge_command(python, scripts))
         if stage.hard_jsonl:
             runner.run(f"{stage.iteration}.06e_hard.r{round_no}", stage.hard_command(python, scripts))
+        # the counts the round had when its steps ran (a resumed run's skipped rounds say what they said then)
         funnel = round_funnel(stage, round_no)
-        valid = count_valid(stage.counted_jsonl())
         what = "hard" if stage.counted_jsonl() == stage.hard_jsonl else "valid"
+        valid = funnel["hard" if what == "hard" else "judged_kept" if stage.judged_jsonl else "verified"]
         say(f"expansion round {round_no}: {valid} / {stage.target()} {what} tuples"
             + (f" ({funnel['verified']} verified, {funnel['hard']} hard)" if stage.hard_jsonl else ""))
         if valid >= stage.target():
