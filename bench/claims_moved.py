@@ -1,0 +1,97 @@
+#!/usr/bin/env python
+"""Which test claims a REPAIR row moves against its twin, and whether Stage II's training tuples touch their gold
+documents (issue 43: "name with evidence what they do to the model").
+
+Why: a row's mean nDCG@10 can hide a trade: tuples can lift the claims whose gold document they teach as a
+positive and push down the claims whose gold document they teach as a hard negative. This reads both rows' per-claim
+test nDCG@10 (``<eval_dir>/<row>_s<seed>.test.json``, the study's own evaluation files), averages each claim's
+difference over the seeds both rows have, and sorts the claims by how the candidate run's Stage II tuples (every
+final training tuple not from Q_conf's own claims, ``differentiation/final_train_data.*.jsonl`` of ``--run``) use
+their gold documents: as a positive, as a hard negative, or not at all. Prints that summary, then the claims that
+moved most, up and down.
+
+Example:
+  python bench/claims_moved.py --eval_dir runs/quality/eval --candidate repair_conf_hard --baseline repair_conf_only \\
+      --seeds 1 2 3 --run runs/quality/repair/repair_conf_hard_s1 --scifact ../shared/data/scifact
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from repair.cli import positive_int, run_script
+from repair.data import iter_jsonl, load_beir
+from repair.diagnosis.confused_tuples import SOURCE as CONFUSED_SOURCE
+from repair.evaluation.report import final_iteration
+from repair.tables import markdown_table
+
+
+def per_claim(eval_dir: Path, row: str, seed: int) -> dict[str, float]:
+    """One row's per-claim test nDCG@10 for one seed (the study's evaluation file)."""
+    path = eval_dir / f"{row}_s{seed}.test.json"
+    results = {r["dataset"]: r for r in json.loads(path.read_text())["results"]}
+    scores = (results.get("scifact", {}).get("per_query") or {}).get("ndcg@10")
+    if not scores:
+        raise SystemExit(f"{path}: no per-query nDCG@10 for scifact")
+    return scores
+
+
+def stage2_use(run_dir: Path, corpus: dict[str, dict[str, str]]) -> tuple[set[str], set[str]]:
+    """(documents Stage II's final tuples teach as positives, documents they teach as the hard negative d-), by corpus
+    id; d- is the tuple's ``d_neg`` (09's argmax, what training takes with NUM_HARD_NEG=1), else its first negative."""
+    by_text = {doc["text"].strip(): doc_id for doc_id, doc in corpus.items()}
+    positives, negatives = set(), set()
+    for path in sorted((final_iteration(run_dir) / "differentiation").glob("final_train_data.*.jsonl")):
+        for rec in iter_jsonl(path, required={"source": str, "pos_document": str, "hard_negatives": list},
+                              optional={"d_neg": str}):
+            if rec["source"] == CONFUSED_SOURCE:
+                continue
+            if (doc := by_text.get(rec["pos_document"].strip())) is not None:
+                positives.add(doc)
+            d_neg = rec.get("d_neg") or (rec["hard_negatives"][0] if rec["hard_negatives"] else "")
+            if (doc := by_text.get(str(d_neg).strip())) is not None:
+                negatives.add(doc)
+    return positives, negatives
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--eval_dir", type=Path, required=True, help="the study's eval folder (<row>_s<seed>.test.json)")
+    p.add_argument("--candidate", required=True, help="the row with Stage II's tuples")
+    p.add_argument("--baseline", required=True, help="its twin without them")
+    p.add_argument("--seeds", type=int, nargs="+", required=True, help="seeds both rows were evaluated for")
+    p.add_argument("--run", type=Path, required=True, help="a driver run folder of the candidate row (its tuples)")
+    p.add_argument("--scifact", type=Path, required=True, help="the BEIR folder (test claims, qrels, corpus)")
+    p.add_argument("--top", type=positive_int, default=8, help="claims listed each way (default: %(default)s)")
+    args = p.parse_args(argv)
+    data = load_beir(args.scifact, "test")
+    cand = [per_claim(args.eval_dir, args.candidate, s) for s in args.seeds]
+    base = [per_claim(args.eval_dir, args.baseline, s) for s in args.seeds]
+    moved = {q: statistics.mean(c[q] - b[q] for c, b in zip(cand, base)) for q in sorted(cand[0])}
+    positives, negatives = stage2_use(args.run, data.corpus)
+
+    def use(qid: str) -> str:
+        gold = set(data.qrels.get(qid, {}))
+        tags = [name for name, docs in (("positive", positives), ("hard negative", negatives)) if gold & docs]
+        return " + ".join(tags) or "–"
+
+    groups: dict[str, list[float]] = {}
+    for qid, delta in moved.items():
+        groups.setdefault(use(qid), []).append(delta)
+    print(f"{args.candidate} - {args.baseline}, test nDCG@10 per claim, mean over seeds {args.seeds}; Stage II's "
+          f"final tuples use {len(positives)} documents as positives, {len(negatives)} as hard negatives")
+    print(markdown_table(["gold document in Stage II's tuples as", "claims", "mean change", "better", "worse"],
+                         [[name, len(d), f"{statistics.mean(d):+.4f}", sum(x > 1e-12 for x in d),
+                           sum(x < -1e-12 for x in d)] for name, d in sorted(groups.items())]))
+    ranked = sorted(moved.items(), key=lambda kv: kv[1])
+    shown = [kv for kv in ranked[::-1][:args.top] if kv[1] > 0] + [kv for kv in ranked[:args.top] if kv[1] < 0]
+    print()
+    print(markdown_table(["claim", "change", "gold in Stage II as", "text"],
+                         [[qid, f"{delta:+.3f}", use(qid), data.queries[qid][:90]] for qid, delta in shown]))
+
+
+if __name__ == "__main__":
+    run_script(main)

@@ -1,0 +1,54 @@
+"""bench/claims_moved.py: per-claim test changes of a row against its twin, grouped by how the row's Stage II tuples
+use each claim's gold document (issue 43's "which claims move, up and down"). Values worked out by hand."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from repair.data import write_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "claims_moved.py"
+
+
+def beir(folder: Path) -> Path:
+    write_jsonl(folder / "corpus.jsonl", [{"_id": f"d{i}", "title": f"t{i}", "text": f"abstract {i}"} for i in range(4)])
+    write_jsonl(folder / "queries.jsonl", [{"_id": q, "text": f"claim {q}"} for q in ("1", "2", "3")])
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n1\td0\t1\n2\td1\t1\n3\td3\t1\n")
+    return folder
+
+
+def evals(folder: Path, row: str, seed: int, scores: dict[str, float]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{row}_s{seed}.test.json").write_text(json.dumps(
+        {"results": [{"dataset": "scifact", "per_query": {"ndcg@10": scores}}]}))
+
+
+def test_groups_claims_by_what_stage2_taught_their_gold_document(tmp_path):
+    data = beir(tmp_path / "scifact")
+    run = tmp_path / "run"
+    (run / "report.json").parent.mkdir(parents=True)
+    (run / "report.json").write_text(json.dumps({"iterations": [{"iter": 1}]}))
+    write_jsonl(run / "iter1" / "differentiation" / "final_train_data.bottom_30pct.jsonl", [
+        # Stage II: d0 taught as a positive, d1 as d- (d2 is only a later candidate: not trained on)
+        {"source": "local_corpus", "pos_document": "abstract 0", "d_neg": "abstract 1",
+         "hard_negatives": ["abstract 1", "abstract 2"]},
+        # Q_conf's own claims do not count as Stage II
+        {"source": "t0_confused", "pos_document": "abstract 3", "d_neg": "abstract 2", "hard_negatives": ["abstract 2"]}])
+    ev = tmp_path / "eval"
+    evals(ev, "cand", 1, {"1": 0.9, "2": 0.2, "3": 0.5})
+    evals(ev, "cand", 2, {"1": 0.7, "2": 0.4, "3": 0.5})
+    evals(ev, "base", 1, {"1": 0.5, "2": 0.6, "3": 0.5})
+    evals(ev, "base", 2, {"1": 0.5, "2": 0.6, "3": 0.5})
+    out = subprocess.run([sys.executable, str(SCRIPT), "--eval_dir", str(ev), "--candidate", "cand", "--baseline",
+                          "base", "--seeds", "1", "2", "--run", str(run), "--scifact", str(data), "--top", "1"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert "use 1 documents as positives, 1 as hard negatives" in lines[0]
+    # claim 1 (gold d0, a positive): +0.3 (+0.4, +0.2); claim 2 (gold d1, d-): -0.3; claim 3 (d3: Q_conf only): 0
+    assert lines[3:6] == ["| hard negative | 1 | -0.3000 | 0 | 1 |", "| positive | 1 | +0.3000 | 1 | 0 |",
+                          "| – | 1 | +0.0000 | 0 | 0 |"]
+    assert lines[-2:] == ["| 1 | +0.300 | positive | claim 1 |", "| 2 | -0.300 | hard negative | claim 2 |"]
