@@ -39,7 +39,8 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
                         for every seed) verified through the in-memory bm25s source; repair_lit_index the same 05
                         queries verified through the on-disk tantivy index of the same corpus (paired per seed)
   repair_conf_hard      issue 43: repair_conf_only + the faithful title-form Stage II tuples that the retriever gets
-                        wrong or nearly (HARD_TUPLES=1, HARD_MARGIN 0.2; _m01: 0.1), rounds until 130 hard or 3
+                        wrong or nearly (HARD_TUPLES=1, HARD_MARGIN 0.2), rounds until 130 hard or 3; _gen: the
+                        generator's own query as q_new (QUERY_FORM=generated), which the retriever mostly gets wrong
   repair_conf_one       issue 30: the decoder form of repair_conf_bm25_one (in-batch warm start, then lever 3 in the
                         same schedule); its control is inbatch2x
   (every lever row: VARIANTS below)
@@ -272,11 +273,12 @@ VARIANTS: dict[str, Variant] = {
     "repair_conf_hard": Variant({"CONFUSED_TUPLES": "1", "GEN_ROUND": "324", "GEN_SEED": "1", "MAX_ROUNDS": "3",
                                  "HARD_TUPLES": "1", "HARD_MARGIN": "0.2", "HARD_TARGET": "130"},
                                 "05:repair_lit_bm25s", seed_free="09"),
-    # the same generation (repair_conf_hard's three rounds of 05, copied) with the stricter threshold HARD_MARGIN 0.1:
-    # the two rows are the dev choice of the threshold
-    "repair_conf_hard_m01": Variant({"CONFUSED_TUPLES": "1", "GEN_ROUND": "324", "GEN_SEED": "1", "MAX_ROUNDS": "3",
-                                     "HARD_TUPLES": "1", "HARD_MARGIN": "0.1", "HARD_TARGET": "130"},
-                                    "05:repair_conf_hard", seed_free="09"),
+    # the tuples the retriever gets *wrong*: the same first round of 05 (repair_lit_bm25s's, copied) with the
+    # generator's own query as q_new (QUERY_FORM=generated), where the off-the-shelf retriever ranks another hit above
+    # the verified positive for 185 of 214 tuples; the same selection rule and guards
+    "repair_conf_hard_gen": Variant({"CONFUSED_TUPLES": "1", "GEN_ROUND": "324", "GEN_SEED": "1",
+                                     "QUERY_FORM": "generated", "HARD_TUPLES": "1", "HARD_MARGIN": "0.2"},
+                                    "05:repair_lit_bm25s", seed_free="09"),
     # Eq. 6 with kappa = TOP_K: keep the diagnosed claims whose gold positive ranks low in its own pool (the most
     # confused ones, which kappa 5 drops although their positive is gold, not generated)
     "repair_conf_only_k15": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),
