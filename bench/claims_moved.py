@@ -29,9 +29,12 @@ from repair.evaluation.report import final_iteration
 from repair.tables import markdown_table
 
 
-def per_claim(eval_dir: Path, row: str, seed: int) -> dict[str, float]:
-    """One row's per-claim test nDCG@10 for one seed (the study's evaluation file)."""
-    path = eval_dir / f"{row}_s{seed}.test.json"
+def per_claim(eval_dir: Path, row: str, seed: int, split: str = "test") -> dict[str, float]:
+    """One row's per-claim nDCG@10 for one seed: the study's evaluation file ``<row>_s<seed>.<split>.json``, or for
+    dev (which the driver itself evaluates) the driver run's ``<eval_dir>/../repair/<row>_s<seed>`` last eval."""
+    path = eval_dir / f"{row}_s{seed}.{split}.json"
+    if not path.exists() and split != "test":
+        path = final_iteration(eval_dir.parent / "repair" / f"{row}_s{seed}") / "eval" / "eval.json"
     results = {r["dataset"]: r for r in json.loads(path.read_text())["results"]}
     scores = (results.get("scifact", {}).get("per_query") or {}).get("ndcg@10")
     if not scores:
@@ -65,11 +68,14 @@ def main(argv: list[str]) -> None:
     p.add_argument("--seeds", type=int, nargs="+", required=True, help="seeds both rows were evaluated for")
     p.add_argument("--run", type=Path, required=True, help="a driver run folder of the candidate row (its tuples)")
     p.add_argument("--scifact", type=Path, required=True, help="the BEIR folder (test claims, qrels, corpus)")
+    p.add_argument("--split", default="test",
+                   help="test (the study's evaluation files) or dev (the driver runs' own evaluations; --scifact is "
+                        "then the study's T0/dev folder, <out>/data/scifact-t0-dev) (default: %(default)s)")
     p.add_argument("--top", type=positive_int, default=8, help="claims listed each way (default: %(default)s)")
     args = p.parse_args(argv)
-    data = load_beir(args.scifact, "test")
-    cand = [per_claim(args.eval_dir, args.candidate, s) for s in args.seeds]
-    base = [per_claim(args.eval_dir, args.baseline, s) for s in args.seeds]
+    data = load_beir(args.scifact, args.split)
+    cand = [per_claim(args.eval_dir, args.candidate, s, args.split) for s in args.seeds]
+    base = [per_claim(args.eval_dir, args.baseline, s, args.split) for s in args.seeds]
     moved = {q: statistics.mean(c[q] - b[q] for c, b in zip(cand, base)) for q in sorted(cand[0])}
     positives, negatives = stage2_use(args.run, data.corpus)
 
@@ -81,7 +87,7 @@ def main(argv: list[str]) -> None:
     groups: dict[str, list[float]] = {}
     for qid, delta in moved.items():
         groups.setdefault(use(qid), []).append(delta)
-    print(f"{args.candidate} - {args.baseline}, test nDCG@10 per claim, mean over seeds {args.seeds}; Stage II's "
+    print(f"{args.candidate} - {args.baseline}, {args.split} nDCG@10 per claim, mean over seeds {args.seeds}; Stage II's "
           f"final tuples use {len(positives)} documents as positives, {len(negatives)} as hard negatives")
     print(markdown_table(["gold document in Stage II's tuples as", "claims", "mean change", "better", "worse"],
                          [[name, len(d), f"{statistics.mean(d):+.4f}", sum(x > 1e-12 for x in d),
