@@ -557,7 +557,7 @@ class Study:
             metrics = self.read_eval(run_dir / f"iter{it['iter']}" / "eval" / "eval.json", self.select_split)
             per_iter.append({"iter": it["iter"], **metrics,
                              **{k: it.get(k) for k in ("q_conf", "c_conf", "generated", "generated_accepted",
-                                                       "verified", "kept", "kept_rate")},
+                                                       "verified", "hard", "kept", "kept_rate")},
                              "stage_seconds": it.get("seconds")})
         last = per_iter[-1]
         result = {k: v for k, v in last.items() if k.startswith(self.select_split) or k == "biosses"}
@@ -922,7 +922,8 @@ def export(rows: dict[str, dict[int, dict]], path: Path) -> list[dict]:
                  by_seed[k].get("iterations") and [it.get("stage_seconds") for it in by_seed[k]["iterations"]]
                  or {key: by_seed[k].get(key) for key in ("train_seconds", "eval_seconds")} for k in seeds}
         counts = {str(k): by_seed[k]["recorded_counts"] if "recorded_counts" in by_seed[k] else
-                  [{c: it.get(c) for c in ("q_conf", "c_conf", "generated", "verified", "kept")}
+                  [{c: it.get(c) for c in ("q_conf", "c_conf", "generated", "verified", "hard", "kept")
+                    if c != "hard" or it.get("hard") is not None}  # HARD_TUPLES=1 rows (issue 43) only
                    for it in by_seed[k].get("iterations", [])] for k in seeds}
         config = dict(first.get("settings") or {})
         command = first.get("command") or ""

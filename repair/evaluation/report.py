@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 SETTINGS_FILE = "settings.json"  # written by the driver (repair.driver.run_record.RECORD_FILE)
 # fields of report.json a rewrite must not lose: a report that had them came from files that were there
-KEPT_FIELDS = ("t0", "q_conf", "c_conf", "generated", "generated_accepted", "verified", "kept", "kept_rate")
+KEPT_FIELDS = ("t0", "q_conf", "c_conf", "generated", "generated_accepted", "verified", "hard", "kept", "kept_rate")
 
 
 class ReportError(RuntimeError):
