@@ -82,7 +82,7 @@ def positive_rank(pos_scores: np.ndarray, cand_scores: np.ndarray, owner: np.nda
 
 
 # ---------------------------------------------------------------------------------------------- steps 8 and 9
-def _score_tuples(tuples: TupleSet, emb: EmbeddingDir) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def score_tuples(tuples: TupleSet, emb: EmbeddingDir) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(query emb rows per tuple, doc emb row map, positive scores, candidate scores)."""
     q_map, d_map = emb.align(tuples)
     q_e = q_map[tuples.query_rows]
@@ -100,7 +100,7 @@ def _base_record(tuples: TupleSet, t: int) -> dict:
             "pos_document": tuples.documents.texts[tuples.pos_rows[t]]}
 
 
-def _score_summary(values: Sequence[float]) -> dict:
+def score_summary(values: Sequence[float]) -> dict:
     if len(values) == 0:
         return {}
     a = np.asarray(values, dtype=np.float64)
@@ -117,7 +117,7 @@ def select_hard_negatives(tuples: TupleSet, emb: EmbeddingDir, *, top_k: int = 1
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     t0 = time.perf_counter()
-    _, _, pos_scores, cand_scores = _score_tuples(tuples, emb)
+    _, _, pos_scores, cand_scores = score_tuples(tuples, emb)
     owner = tuples.owner
     keep = false_negative_keep(cand_scores, pos_scores[owner], margin=fn_margin, pct=fn_pct)
     guard_dropped = int((~keep).sum())
@@ -150,8 +150,8 @@ def select_hard_negatives(tuples: TupleSet, emb: EmbeddingDir, *, top_k: int = 1
              "guard_tuples_affected": int(len(np.unique(owner[~keep]))),
              "fn_margin": fn_margin, "fn_pct": fn_pct, "top_k": top_k,
              "negatives_written": int(sum(len(r["hard_negatives"]) for r in records)),
-             "pos_score": _score_summary(pos_scores),
-             "top1_score": _score_summary([r["hard_negative_scores"][0] for r in records]),
+             "pos_score": score_summary(pos_scores),
+             "top1_score": score_summary([r["hard_negative_scores"][0] for r in records]),
              "load": asdict(tuples.stats), "embedding_fingerprint": emb.fingerprint,
              "seconds": round(time.perf_counter() - t0, 3)}
     if not records:  # a legitimate outcome (06 found no other hit for any query), but one worth seeing
@@ -163,7 +163,7 @@ def select_hard_negatives(tuples: TupleSet, emb: EmbeddingDir, *, top_k: int = 1
 
 def _local_pool(tuples: TupleSet, emb: EmbeddingDir, top_k: int, kappa: int):
     """Eq. 6 on D_pool = {d+} u D-_cand: per tuple (rank, [(cand position, score)] best first, pos score)."""
-    _, _, pos_scores, cand_scores = _score_tuples(tuples, emb)
+    _, _, pos_scores, cand_scores = score_tuples(tuples, emb)
     owner, counts = tuples.owner, tuples.counts
     ranks = positive_rank(pos_scores, cand_scores, owner)
     undecidable = tuples.truncated & (ranks > counts) & (kappa > counts)
@@ -288,8 +288,8 @@ def consistency_filter(tuples: TupleSet, emb: EmbeddingDir, *, top_k: int = 15, 
              "pool": pool, "consistency_k": consistency_k, "top_k": top_k,
              "pos_rank_histogram": {**{str(r): hist[r] for r in sorted(k for k in hist if k != "not_found")},
                                     **({"not_found": hist["not_found"]} if "not_found" in hist else {})},
-             "pos_score_kept": _score_summary(pos_kept), "d_neg_score_kept": _score_summary(dneg_kept),
-             "margin_kept": _score_summary(np.asarray(pos_kept) - np.asarray(dneg_kept)) if pos_kept else {},
+             "pos_score_kept": score_summary(pos_kept), "d_neg_score_kept": score_summary(dneg_kept),
+             "margin_kept": score_summary(np.asarray(pos_kept) - np.asarray(dneg_kept)) if pos_kept else {},
              "load": asdict(tuples.stats), "embedding_fingerprint": emb.fingerprint,
              "seconds": round(time.perf_counter() - t0, 3)}
     if not records:  # legitimate (the retriever ranks no d+ in the top kappa), but one worth seeing

@@ -31,7 +31,7 @@ import numpy as np
 
 from repair.data import DataError, iter_jsonl
 from repair.differentiation.embedding_dir import EmbeddingDir
-from repair.differentiation.hard_negatives import _score_summary, _score_tuples, order_within_groups, positive_rank
+from repair.differentiation.hard_negatives import order_within_groups, positive_rank, score_summary, score_tuples
 from repair.differentiation.tuples import TupleSet
 from repair.text import mentions_any
 
@@ -72,7 +72,7 @@ class Difficulty:
 
 def tuple_difficulty(tuples: TupleSet, emb: EmbeddingDir) -> Difficulty:
     """Score every tuple with the embedding dir's retriever (the arithmetic of steps 8/9, on Stage II's tuples)."""
-    _, d_map, pos_scores, cand_scores = _score_tuples(tuples, emb)
+    _, d_map, pos_scores, cand_scores = score_tuples(tuples, emb)
     owner = tuples.owner
     n = len(tuples)
     margin = np.full(n, np.inf)
@@ -90,6 +90,13 @@ def tuple_difficulty(tuples: TupleSet, emb: EmbeddingDir) -> Difficulty:
     return Difficulty(margin, positive_rank(pos_scores, cand_scores, owner), preferred, to_positive)
 
 
+def source_candidate(record: dict, text: str) -> dict:
+    """06's ``negative_candidates`` entry whose abstract is ``text`` (a TupleSet document), {} when none is: the
+    candidate's id, title and source score live there, not in the TupleSet."""
+    return next((c for c in record.get("negative_candidates") or []
+                 if isinstance(c, dict) and (c.get("abstract") or "").strip() == text), {})
+
+
 def lexical_scores(tuples: TupleSet, difficulty: Difficulty, records: dict[str, dict]) -> tuple[np.ndarray, np.ndarray]:
     """(the source's score of d+, its score of h*) per tuple, from 06's ``pos_score`` and candidates' ``score``;
     nan where the source gave none (Semantic Scholar and Elsevier rank without a score)."""
@@ -101,12 +108,9 @@ def lexical_scores(tuples: TupleSet, difficulty: Difficulty, records: dict[str, 
             pos[t] = rec["pos_score"]
         if difficulty.preferred[t] < 0:
             continue
-        text = tuples.documents.texts[difficulty.preferred[t]]
-        for cand in rec.get("negative_candidates") or []:
-            if isinstance(cand, dict) and (cand.get("abstract") or "").strip() == text:
-                if isinstance(cand.get("score"), (int, float)):
-                    pref[t] = cand["score"]
-                break
+        score = source_candidate(rec, tuples.documents.texts[difficulty.preferred[t]]).get("score")
+        if isinstance(score, (int, float)):
+            pref[t] = score
     return pos, pref
 
 
@@ -152,8 +156,7 @@ def concept_check(tuples: TupleSet, difficulty: Difficulty, outcomes: Sequence[s
         rec = records.get(tuples.where[t]) or {}
         pos_title = ((rec.get("pos_meta") or {}).get("title") or "")
         pref_text = tuples.documents.texts[difficulty.preferred[t]]
-        pref_title = next((c.get("title") or "" for c in rec.get("negative_candidates") or []
-                           if isinstance(c, dict) and (c.get("abstract") or "").strip() == pref_text), "")
+        pref_title = source_candidate(rec, pref_text).get("title") or ""
         in_pos = mentions_any(f"{pos_title} {tuples.documents.texts[tuples.pos_rows[t]]}", concepts)
         in_pref = mentions_any(f"{pref_title} {pref_text}", concepts)
         group = groups.setdefault(outcome, {"tuples": 0, "positive_mentions": 0, "preferred_mentions": 0,
@@ -186,9 +189,7 @@ def hard_records(tuples: TupleSet, emb: EmbeddingDir, records: dict[str, dict],
     out = []
     for t in kept:
         rec = dict(records[tuples.where[t]])
-        pref_text = tuples.documents.texts[difficulty.preferred[t]]
-        pref_id = next((c.get("id") for c in rec.get("negative_candidates") or []
-                        if isinstance(c, dict) and (c.get("abstract") or "").strip() == pref_text), None)
+        pref_id = source_candidate(rec, tuples.documents.texts[difficulty.preferred[t]]).get("id")
         rec["difficulty"] = {"margin": round(float(difficulty.margin[t]), 6), "rank": int(difficulty.rank[t]),
                              "preferred_id": pref_id,
                              "preferred_to_positive": round(float(difficulty.preferred_to_positive[t]), 6)}
@@ -201,8 +202,8 @@ def hard_records(tuples: TupleSet, emb: EmbeddingDir, records: dict[str, dict],
              "margin_below": int((difficulty.margin < rule.margin).sum()),
              "lexical_scores_missing": int((~has_lexical & (difficulty.preferred >= 0)).sum()),
              "kept": len(kept), "kept_positive_not_first": int(sum(difficulty.rank[t] > 1 for t in kept)),
-             "margin_all": _score_summary(finite.tolist()),
-             "margin_kept": _score_summary([float(difficulty.margin[t]) for t in kept]),
+             "margin_all": score_summary(finite.tolist()),
+             "margin_kept": score_summary([float(difficulty.margin[t]) for t in kept]),
              "concept_check": concept_check(tuples, difficulty, outcomes, records), "load": asdict(tuples.stats)}
     logger.info("06e: %d tuples -> %d hard (d+ not first %d, margin < %g %d; guards dropped %d near-duplicate, %d "
                 "lexical tie; %d over budget)", len(tuples), len(kept), stats["positive_not_first"], rule.margin,
