@@ -43,6 +43,8 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
                         generator's own query as q_new (QUERY_FORM=generated), which the retriever mostly gets wrong
   repair_conf_one       issue 30: the decoder form of repair_conf_bm25_one (in-batch warm start, then lever 3 in the
                         same schedule); its control is inbatch2x
+  repair_conf_one_hard  issue 43 on the decoder path: repair_conf_one + the title-form Stage II tuples that its warm
+                        start ranks wrong (HARD_MARGIN 0: d+ not first), rounds until 77 hard or 3; twin repair_conf_one
   (every lever row: VARIANTS below)
 
     python bench/quality_scifact.py --scifact ../shared/data/scifact --out runs/quality --rows offshelf inbatch bm25 repair --seeds 1 2
@@ -233,6 +235,14 @@ VARIANTS: dict[str, Variant] = {
     # lever 3's tuples added; inbatch2x (one schedule of 2 x --steps in-batch steps) is its exact control
     "repair_conf_one": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "WARM_START": "1", "ITER_STEPS": "t0",
                                 "SCHEDULE": "one"}, None, budget="driver"),
+    # issue 43 on the decoder path: repair_conf_one (its twin: the same warm start, diagnosis and 32 steps) + the
+    # faithful title-form Stage II tuples for the concepts that model confuses, keeping only those its warm start ranks
+    # wrong (HARD_MARGIN 0: another verified hit scores above d+; a scale-free rule, since the decoder's cosines are
+    # not on MiniLM's scale, where 0.2 was chosen); rounds of 324 until as many hard tuples as Q_conf's claims (77)
+    # or 3 rounds; a seed's own generation (its concepts are its warm start's)
+    "repair_conf_one_hard": Variant({"CONFUSED_TUPLES": "1", "WARM_START": "1", "ITER_STEPS": "t0", "SCHEDULE": "one",
+                                     "GEN_ROUND": "324", "MAX_ROUNDS": "3", "HARD_TUPLES": "1", "HARD_MARGIN": "0",
+                                     "HARD_TARGET": "77"}, None, budget="driver"),
     # issue 30 section 3: Stage II as doc2query on lever 3's configuration (the same diagnosis, reused): the 1.5B
     # generator (CTranslate2 int8) writes a claim from each document that outranks a confused claim's positive;
     # repair_conf_only is the same configuration without these tuples (Stage II's own contribution)
