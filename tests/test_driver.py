@@ -199,6 +199,12 @@ def test_driver_end_to_end_skip_and_resume(tiny_model_dir, tmp_path, server):
     assert not any(f.startswith("iter1/expansion/expansion.") for f in records["iter1.05_generate.r1"])
     assert {"iter1/expansion/generated.bottom_30pct.jsonl", "iter1/expansion/expansion.bottom_30pct.jsonl"} <= set(
         records["iter1.expansion"])
+    # the funnel is the driver's, written between rounds: the stage's file, never a round step's (it once landed in
+    # the next round's record when its write and that step's start stamp shared a clock tick)
+    for k in (1, 2):
+        funnel = f"iter{k}/expansion/expansion.bottom_30pct.jsonl.funnel.jsonl"
+        assert funnel in records[f"iter{k}.expansion"]
+        assert not any(funnel in files for name, files in records.items() if name != f"iter{k}.expansion")
     assert all(f.startswith("iter1/adapter/") for f in records["iter1.10_train"])
     assert "iter1/adapter/adapter_model.safetensors" in records["iter1.10_train"]
     owners = {}

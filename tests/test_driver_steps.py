@@ -27,6 +27,7 @@ def test_a_step_records_its_files_across_a_killed_attempt_and_nothing_else(tmp_p
     an_hour_ago = time.time() - 3600
     os.utime(earlier, (an_hour_ago, an_hour_ago))
     cli("begin", str(state), "iter1.08_hardneg")
+    time.sleep(0.05)  # a step's command starts a process before it writes: never in the stamp's clock tick
     first_attempt = run / "iter1" / "differentiation" / "hard_negatives.jsonl"
     first_attempt.parent.mkdir()
     first_attempt.write_text("half")
@@ -85,3 +86,21 @@ def test_force_clears_every_marker_and_step_output_before_any_step(tmp_path):
     assert left == ["cache/embeddings/x/meta.json", "iteration_notes/mine.txt", "logs/iter1.10_train.log", "notes.md",
                     "settings.json"]
     assert (run / ".state").is_dir() and not any((run / ".state").iterdir())
+
+
+def test_a_file_written_in_the_start_stamps_clock_tick_is_not_the_steps(tmp_path):
+    """File times come from a coarse clock: the driver's own write just before a step starts (a Stage II round's
+    funnel line) can carry the stamp's exact time. It is not the step's output, whichever way the tick fell."""
+    run, state = tmp_path / "run", tmp_path / "run" / ".state"
+    state.mkdir(parents=True)
+    funnel = run / "iter2" / "expansion" / "expansion.jsonl.funnel.jsonl"
+    funnel.parent.mkdir(parents=True)
+    funnel.write_text("{}\n")
+    cli("begin", str(state), "iter2.05_generate.r2")
+    stamp_ns = (state / "iter2.05_generate.r2.started").stat().st_mtime_ns
+    os.utime(funnel, ns=(stamp_ns, stamp_ns))  # the same tick
+    generated = run / "iter2" / "expansion" / "generated.jsonl"
+    generated.write_text("q\n")
+    os.utime(generated, ns=(stamp_ns + 1, stamp_ns + 1))  # the next instant the clock can tell apart
+    cli("record", str(state), "iter2.05_generate.r2")
+    assert step_outputs(state, "iter2.05_generate.r2") == ["iter2/expansion/generated.jsonl"]

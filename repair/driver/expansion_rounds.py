@@ -177,12 +177,17 @@ def run_expansion_rounds(stage: ExpansionRounds, runner: StepRunner, *, python: 
         say(f"expansion stopped at the round limit ({stage.max_rounds}): {valid} / {stage.target()} {what} tuples; "
             "the run goes on with")
         say("  these (more: raise MAX_ROUNDS or GEN_ROUND, or use a stronger generator; see docs/expansion.md)")
-    # the stage's record (repair.driver.steps): the union of its rounds' step records, as a reused stage takes them all
+    # the stage's record (repair.driver.steps): the union of its rounds' step records, as a reused stage takes them
+    # all, and the funnel, which the driver (not a step) writes between rounds
     steps = ("05_generate", "06_verify", *(("06d_judge",) if stage.judged_jsonl else ()),
              *(("06e_hard",) if stage.hard_jsonl else ()))
     rounds = [f"{stage.iteration}.{step}.r{r}" for r in range(1, round_no + 1) for step in steps]
-    write_outputs(runner.state_dir, f"{stage.iteration}.expansion",
-                  sorted({f for name in rounds for f in (step_outputs(runner.state_dir, name) or [])}))
+    recorded = {f for name in rounds for f in (step_outputs(runner.state_dir, name) or [])}
+    funnel = stage.funnel_jsonl().resolve()
+    run_dir = Path(runner.state_dir).resolve().parent
+    if funnel.exists() and funnel.is_relative_to(run_dir):
+        recorded.add(str(funnel.relative_to(run_dir)))
+    write_outputs(runner.state_dir, f"{stage.iteration}.expansion", sorted(recorded))
     marker.write_text(f"{valid}\n")
     return valid
 

@@ -138,13 +138,18 @@ def record_outputs(state_dir: str | Path, name: str) -> list[str]:
     """Write ``<name>.outputs``: the files under the run folder (``state_dir``'s parent) changed since the step's
     start stamp, outside :data:`NOT_OUTPUTS` and the folder's own top-level files (the driver's settings and
     report). Returns the relative paths. A step that wrote nothing new (its outputs already complete) lists nothing.
-    Steps run one at a time in a run folder, so a file changed in the window is the step's."""
+    Steps run one at a time in a run folder, so a file changed in the window is the step's.
+
+    Strictly after the stamp: file times come from the kernel's coarse clock (a few ms per tick), so a file the
+    driver wrote just before stamping (a Stage II round's funnel line) can carry the stamp's very time; counting it
+    made the record depend on where a tick fell. The step's own command starts a process before it writes, so
+    nothing of its own lands in the stamp's tick."""
     state_dir = Path(state_dir)
     root, stamp = state_dir.parent, state_dir / f"{name}.started"
-    since = stamp.stat().st_mtime_ns if stamp.exists() else 0
+    since = stamp.stat().st_mtime_ns if stamp.exists() else -1
     written = sorted(str(path.relative_to(root)) for path in root.rglob("*")
                      if path.is_file() and path.parent != root and path.relative_to(root).parts[0] not in NOT_OUTPUTS
-                     and path.stat().st_mtime_ns >= since)
+                     and path.stat().st_mtime_ns > since)
     write_outputs(state_dir, name, written)
     stamp.unlink(missing_ok=True)
     return written
