@@ -45,6 +45,8 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
                         same schedule); its control is inbatch2x
   repair_conf_one_hard  issue 43 on the decoder path: repair_conf_one + the title-form Stage II tuples that its warm
                         start ranks wrong (HARD_MARGIN 0: d+ not first), rounds until 77 hard or 3; twin repair_conf_one
+  repair_conf_bm25_one_hard_gen  issue 43 (c): the dev-chosen REPAIR row (repair_conf_bm25_one, 84 steps) + the
+                        dev-chosen hard Stage II form (repair_conf_hard_gen's); its control is bm25x2
   (every lever row: VARIANTS below)
 
     python bench/quality_scifact.py --scifact ../shared/data/scifact --out runs/quality --rows offshelf inbatch bm25 repair --seeds 1 2
@@ -289,6 +291,14 @@ VARIANTS: dict[str, Variant] = {
     "repair_conf_hard_gen": Variant({"CONFUSED_TUPLES": "1", "GEN_ROUND": "324", "GEN_SEED": "1",
                                      "QUERY_FORM": "generated", "HARD_TUPLES": "1", "HARD_MARGIN": "0.2"},
                                     "05:repair_lit_bm25s", seed_free="09"),
+    # issue 43 (c): the dev-chosen full REPAIR row (repair_conf_bm25_one: bm25x2's first 42 steps, Stage I on that
+    # model, the last 42 steps of the same schedule with lever 3's tuples) + the hard Stage II form that dev chose
+    # at 42 steps (repair_conf_hard_gen: dev 0.7228 against the title form's 0.7187), with its rule unchanged
+    # (HARD_MARGIN 0.2, one round of 324); the concepts are the warm start's, so each seed generates its own
+    "repair_conf_bm25_one_hard_gen": Variant({"CONFUSED_TUPLES": "1", "T0_NEGATIVES": "bm25", "WARM_START": "1",
+                                              "ITER_STEPS": "t0", "SCHEDULE": "one", "GEN_ROUND": "324",
+                                              "QUERY_FORM": "generated", "HARD_TUPLES": "1", "HARD_MARGIN": "0.2"},
+                                             None, budget="driver"),
     # Eq. 6 with kappa = TOP_K: keep the diagnosed claims whose gold positive ranks low in its own pool (the most
     # confused ones, which kappa 5 drops although their positive is gold, not generated)
     "repair_conf_only_k15": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "CONSISTENCY_K": "15"}, "08:repair_conf_only"),

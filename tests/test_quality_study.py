@@ -328,6 +328,11 @@ def test_every_lever_row_is_a_valid_driver_configuration_sharing_from_a_known_ro
         study.variant_settings("repair_qwen_gen", None)
     assert study.VARIANTS["repair_qwen15_gen"].settings == {**study.VARIANTS["repair_qwen05_gen"].settings,
                                                              "GEN_MODEL": "qwen2.5-coder-1.5b"}
+    # issue 43 (c): the dev-chosen REPAIR row with Stage II on, plus the dev-chosen hard form's own settings, nothing else
+    one, hard_gen = study.VARIANTS["repair_conf_bm25_one"].settings, study.VARIANTS["repair_conf_hard_gen"].settings
+    stage2 = {k: hard_gen[k] for k in ("GEN_ROUND", "QUERY_FORM", "HARD_TUPLES", "HARD_MARGIN")}
+    assert study.VARIANTS["repair_conf_bm25_one_hard_gen"].settings == {
+        **{k: v for k, v in one.items() if k != "EXPANSION"}, **stage2}
 
 
 def test_pair_reads_paired_differences_from_recorded_exports_on_test_else_dev(tmp_path):
