@@ -229,8 +229,10 @@ VARIANTS: dict[str, Variant] = {
     # lever 4 in one schedule (SCHEDULE=one): the driver's warm start is the first --steps of one 2 x --steps BM25
     # schedule (bm25x2's first half, the same commands and data), iteration 1 diagnoses that model and goes on with the
     # same optimizer and LR schedule, lever 3's tuples added; bm25x2 is its exact control (no second warmup in either)
+    # (when repair_conf_bm25_one_hard_gen ran this seed first, its warm start and Stage I are copied: the same commands)
     "repair_conf_bm25_one": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "T0_NEGATIVES": "bm25",
-                                     "WARM_START": "1", "ITER_STEPS": "t0", "SCHEDULE": "one"}, None, budget="driver"),
+                                     "WARM_START": "1", "ITER_STEPS": "t0", "SCHEDULE": "one"},
+                                    "04:repair_conf_bm25_one_hard_gen", budget="driver"),
     # the decoder form of repair_conf_bm25_one (issue 30 section 1): in-batch negatives for T0 throughout, since hard
     # negatives from step 1 slow SmolLM2's escape from its collapsed embeddings; the warm start is inbatch2x's first
     # half (the same commands and data), iteration 1 diagnoses that model and goes on in the same schedule with
@@ -638,8 +640,13 @@ class Study:
                 return upto == "eval"
             return step[:2].isdigit() and (step[:2] <= upto or upto == "eval") and not step.startswith("09b")
 
+        # iteration 0 and T0's own steps come before iteration 1's first, so a row sharing any step shares them: the
+        # evaluations of the model the run starts from, and with WARM_START=1 the warm start and T0's BM25 negatives,
+        # which take the training seed, so those only from the same seed's run
+        same_seed = source_seed in (None, seed)
         steps = sorted(done.name[:-len(".done")] for done in (src / ".state").glob("*.done")
                        if done.name.startswith(("iter0.eval.", "iter0.eval_offshelf."))
+                       or (same_seed and done.name.startswith(("iter0.", "t0.")))
                        or (done.name.startswith("iter1.") and shared(done.name.split(".")[1])))
         unrecorded = [step for step in steps if step_outputs(src / ".state", step) is None]
         if unrecorded:
@@ -653,7 +660,8 @@ class Study:
                 shutil.copy2(src / relative, run_dir / relative)
             for suffix in (".outputs", ".done"):  # the record before the marker, as the driver writes them
                 shutil.copy2(src / ".state" / f"{step}{suffix}", run_dir / ".state" / f"{step}{suffix}")
-        marker.write_text(f"{src}: iteration 0 eval and iteration 1 steps up to {upto}\n")
+        warm = " (and its warm start)" if any(step.startswith("iter0.10") for step in steps) else ""
+        marker.write_text(f"{src}: iteration 0 eval{warm} and iteration 1 steps up to {upto}\n")
         return True
 
     def variant(self, row: str, seed: int) -> dict:

@@ -164,13 +164,15 @@ def test_a_lever_row_reusing_stages_copies_exactly_the_files_each_shared_step_re
     """reuse_repair_stages copies a shared step's files as the driver recorded them (``$STATE/<step>.outputs``),
     wherever the step wrote: a row sharing up to 07 or 08 with repair_conf_only gets 06b's confused_tuples (in
     differentiation/, beside 08's and 09's files) with 06b's marker, 08's output only when 08 is shared, never 09's,
-    and no file no shared step recorded. A source run without records is refused, naming the steps."""
+    and no file no shared step recorded; iteration 0's steps (a warm start, T0's BM25 negatives) come before any
+    shared step, so they are copied too. A source run without records is refused, naming the steps."""
     study = load_study()
     s = study.Study.__new__(study.Study)
     s.out = tmp_path
     src = tmp_path / "repair" / "repair_conf_only_s1"
     (src / ".state").mkdir(parents=True)
-    recorded = {"iter0.eval": ["iter0/eval/eval.json"],
+    recorded = {"iter0.eval": ["iter0/eval/eval.json"], "t0.bm25_negatives": ["t0_negatives/t0_bm25.jsonl"],
+                "iter0.10_warm_start": ["iter0/adapter/model.safetensors"],  # WARM_START=1: before iteration 1
                 "iter1.04_merge": ["iter1/diagnosis/PathAB_terms/final_terms.bottom_30pct.txt"],
                 "iter1.06b_confused": ["iter1/differentiation/confused_tuples.bottom_30pct.jsonl",
                                        "iter1/differentiation/confused_tuples.bottom_30pct.stats.json"],
@@ -191,7 +193,7 @@ def test_a_lever_row_reusing_stages_copies_exactly_the_files_each_shared_step_re
         copied = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file()
                         and p.parts[-2] != ".state" and p.name != "REUSED_FROM")
         assert copied == sorted(f for step, files in recorded.items() for f in files
-                                if step == "iter0.eval" or step.split(".")[1][:2] <= upto)
+                                if step.startswith(("iter0.", "t0.")) or step.split(".")[1][:2] <= upto)
         assert (got / "confused_tuples.bottom_30pct.jsonl").read_text() == recorded["iter1.06b_confused"][0]
         assert (got / "hard_negatives.bottom_30pct.jsonl").exists() is hard_negatives
         assert not (got / "final_train_data.bottom_30pct.jsonl").exists() and not (got / "stray.jsonl").exists()
@@ -209,7 +211,8 @@ def test_a_lever_row_reusing_stages_copies_exactly_the_files_each_shared_step_re
 def test_a_seed_free_row_copies_one_seeds_generation_and_stage_iii_but_never_its_training(tmp_path):
     """repair_conf_d2q fixes GEN_SEED, so nothing before training takes the seed: seed 2's run copies another seed's
     steps up to 09 (the doc2query generation included) with their markers, not its training or evaluation, and
-    says where they came from; seeds are found in numerical order, and a seed is never its own source."""
+    says where they came from; seeds are found in numerical order, and a seed is never its own source. Iteration 0's
+    trainings take the seed, so another seed's warm start is not copied."""
     study = load_study()
     s = study.Study.__new__(study.Study)
     s.out = tmp_path
@@ -218,7 +221,8 @@ def test_a_seed_free_row_copies_one_seeds_generation_and_stage_iii_but_never_its
                 "iter1.06b_confused": "iter1/differentiation/confused_tuples.bottom_30pct.jsonl",
                 "iter1.06c_doc2query": "iter1/expansion/expansion.doc2query.bottom_30pct.jsonl",
                 "iter1.09_consistency": "iter1/differentiation/final_train_data.bottom_30pct.jsonl",
-                "iter1.10_train": "iter1/adapter/adapter_model.safetensors", "iter1.eval": "iter1/eval/eval.json"}
+                "iter1.10_train": "iter1/adapter/adapter_model.safetensors", "iter1.eval": "iter1/eval/eval.json",
+                "iter0.10_warm_start": "iter0/adapter/model.safetensors", "t0.bm25_negatives": "t0_negatives/t0_bm25.jsonl"}
     for seed in (10, 3):  # s3 finished 09, s10 too; s5 only started
         src = tmp_path / "repair" / f"repair_conf_d2q_s{seed}"
         (src / ".state").mkdir(parents=True)
@@ -234,7 +238,8 @@ def test_a_seed_free_row_copies_one_seeds_generation_and_stage_iii_but_never_its
     run_dir = tmp_path / "repair" / "repair_conf_d2q_s2"
     assert s.reuse_repair_stages(2, run_dir, "09", "repair_conf_d2q", source_seed=3)
     for step, f in recorded.items():
-        copied = step not in ("iter1.10_train", "iter1.eval")
+        # a warm start takes the training seed: another seed's is never copied
+        copied = step not in ("iter1.10_train", "iter1.eval", "iter0.10_warm_start", "t0.bm25_negatives")
         assert (run_dir / f).exists() is copied, step
         assert (run_dir / ".state" / f"{step}.done").exists() is copied, step
     assert (run_dir / recorded["iter1.06c_doc2query"]).read_text() == "iter1.06c_doc2query of seed 3"
@@ -320,6 +325,10 @@ def test_every_lever_row_is_a_valid_driver_configuration_sharing_from_a_known_ro
         upto, _, source = (variant.shared or "").partition(":")
         assert upto == "" or upto in study.SHARED_UPTO, row
         assert source == "" or source in study.VARIANTS, row
+        if source:  # iteration 0 is copied with any shared step, so the source must run the same iteration 0
+            theirs = study.VARIANTS[source].settings
+            iter0 = ("WARM_START", "SCHEDULE", "ITER_STEPS") + (("T0_NEGATIVES",) if settings.get("WARM_START") else ())
+            assert all(settings.get(k) == theirs.get(k) for k in iter0), (row, source)
         assert variant.start == "offshelf" or variant.start in study.BASELINE_ROWS, row
         assert variant.budget in ("steps", "claims", "driver"), row
         # a row whose seeds share the steps before training must fix the generation's seed (else they would differ)
