@@ -44,7 +44,8 @@ Rows (``--rows``; each row's result lands in <out>/rows/<row>.json and is skippe
   repair_conf_one       issue 30: the decoder form of repair_conf_bm25_one (in-batch warm start, then lever 3 in the
                         same schedule); its control is inbatch2x
   repair_conf_one_hard  issue 43 on the decoder path: repair_conf_one + the title-form Stage II tuples that its warm
-                        start ranks wrong (HARD_MARGIN 0: d+ not first), rounds until 77 hard or 3; twin repair_conf_one
+                        start ranks wrong (HARD_MARGIN 0: d+ not first), rounds until 77 hard or 3; twin repair_conf_one;
+                        _gen: the generator's own query as q_new (QUERY_FORM=generated, the form MiniLM's dev chose)
   repair_conf_bm25_one_hard_gen  issue 43 (c): the dev-chosen REPAIR row (repair_conf_bm25_one, 84 steps) + the
                         dev-chosen hard Stage II form (repair_conf_hard_gen's); its control is bm25x2
   (every lever row: VARIANTS below)
@@ -237,8 +238,9 @@ VARIANTS: dict[str, Variant] = {
     # negatives from step 1 slow SmolLM2's escape from its collapsed embeddings; the warm start is inbatch2x's first
     # half (the same commands and data), iteration 1 diagnoses that model and goes on in the same schedule with
     # lever 3's tuples added; inbatch2x (one schedule of 2 x --steps in-batch steps) is its exact control
+    # (when repair_conf_one_hard_gen ran this seed first, its warm start and Stage I are copied: the same commands)
     "repair_conf_one": Variant({"CONFUSED_TUPLES": "1", "EXPANSION": "0", "WARM_START": "1", "ITER_STEPS": "t0",
-                                "SCHEDULE": "one"}, None, budget="driver"),
+                                "SCHEDULE": "one"}, "04:repair_conf_one_hard_gen", budget="driver"),
     # issue 43 on the decoder path: repair_conf_one (its twin: the same warm start, diagnosis and 32 steps) + the
     # faithful title-form Stage II tuples for the concepts that model confuses, keeping only those its warm start ranks
     # wrong (HARD_MARGIN 0: another verified hit scores above d+; a scale-free rule, since the decoder's cosines are
@@ -247,6 +249,14 @@ VARIANTS: dict[str, Variant] = {
     "repair_conf_one_hard": Variant({"CONFUSED_TUPLES": "1", "WARM_START": "1", "ITER_STEPS": "t0", "SCHEDULE": "one",
                                      "GEN_ROUND": "324", "MAX_ROUNDS": "3", "HARD_TUPLES": "1", "HARD_MARGIN": "0",
                                      "HARD_TARGET": "77"}, None, budget="driver"),
+    # the same with the form MiniLM's dev chose (repair_conf_hard_gen): the generator's own query as q_new
+    # (QUERY_FORM=generated), which the title form's 3-6 hard tuples in three rounds could not supply; everything
+    # else repair_conf_one_hard's (rule, target, rounds), so repair_conf_one stays the twin; the warm start and Stage I
+    # are copied from repair_conf_one_hard's run of the same seed when it has one (the same commands)
+    "repair_conf_one_hard_gen": Variant({"CONFUSED_TUPLES": "1", "WARM_START": "1", "ITER_STEPS": "t0",
+                                         "SCHEDULE": "one", "GEN_ROUND": "324", "MAX_ROUNDS": "3", "HARD_TUPLES": "1",
+                                         "HARD_MARGIN": "0", "HARD_TARGET": "77", "QUERY_FORM": "generated"},
+                                        "04:repair_conf_one_hard", budget="driver"),
     # issue 30 section 3: Stage II as doc2query on lever 3's configuration (the same diagnosis, reused): the 1.5B
     # generator (CTranslate2 int8) writes a claim from each document that outranks a confused claim's positive;
     # repair_conf_only is the same configuration without these tuples (Stage II's own contribution)

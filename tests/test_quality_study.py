@@ -342,6 +342,9 @@ def test_every_lever_row_is_a_valid_driver_configuration_sharing_from_a_known_ro
     stage2 = {k: hard_gen[k] for k in ("GEN_ROUND", "QUERY_FORM", "HARD_TUPLES", "HARD_MARGIN")}
     assert study.VARIANTS["repair_conf_bm25_one_hard_gen"].settings == {
         **{k: v for k, v in one.items() if k != "EXPANSION"}, **stage2}
+    # issue 43 on the decoder path: the title-form hard row with the form MiniLM's dev chose, nothing else changed
+    assert study.VARIANTS["repair_conf_one_hard_gen"].settings == {
+        **study.VARIANTS["repair_conf_one_hard"].settings, "QUERY_FORM": hard_gen["QUERY_FORM"]}
 
 
 def test_pair_reads_paired_differences_from_recorded_exports_on_test_else_dev(tmp_path):
