@@ -4,7 +4,8 @@ documents (issue 43: "name with evidence what they do to the model").
 
 Why: a row's mean nDCG@10 can hide a trade: tuples can lift the claims whose gold document they teach as a
 positive and push down the claims whose gold document they teach as a hard negative. This reads both rows' per-claim
-test nDCG@10 (``<eval_dir>/<row>_s<seed>.test.json``, the study's own evaluation files), averages each claim's
+test nDCG@10 (``<eval_dir>/<row>_s<seed>.test.json``, the study's own evaluation files, or for the subset
+protocol's driver rows the driver's own test evaluation), averages each claim's
 difference over the seeds both rows have, and sorts the claims by how the candidate run's Stage II tuples (every
 final training tuple not from Q_conf's own claims, ``differentiation/final_train_data.*.jsonl`` of ``--run``) use
 their gold documents: as a positive, as a hard negative, or not at all. Prints that summary, then the claims that
@@ -13,6 +14,10 @@ moved most, up and down.
 Example:
   python bench/claims_moved.py --eval_dir runs/quality/eval --candidate repair_conf_hard --baseline repair_conf_only \\
       --seeds 1 2 3 --run runs/quality/repair/repair_conf_hard_s1 --scifact ../shared/data/scifact
+  # the decoder path (the subset protocol: the driver's own test evaluations, the subset's BEIR folder)
+  python bench/claims_moved.py --eval_dir runs/quality_smollm2/eval --candidate repair_conf_one_hard_gen \
+      --baseline repair_conf_one_hard --seeds 3 --run runs/quality_smollm2/repair/repair_conf_one_hard_gen_s3 \
+      --scifact runs/quality_smollm2/data/scifact-subset-256-100-1000
 """
 
 from __future__ import annotations
@@ -30,12 +35,17 @@ from repair.tables import markdown_table
 
 
 def per_claim(eval_dir: Path, row: str, seed: int, split: str = "test") -> dict[str, float]:
-    """One row's per-claim nDCG@10 for one seed: the study's evaluation file ``<row>_s<seed>.<split>.json``, or for
-    dev (which the driver itself evaluates) the driver run's ``<eval_dir>/../repair/<row>_s<seed>`` last eval."""
+    """One row's per-claim nDCG@10 for one seed: the study's evaluation file ``<row>_s<seed>.<split>.json``, else the
+    driver run's own last evaluation (``<eval_dir>/../repair/<row>_s<seed>``), which is dev for the full-data
+    protocol's driver rows and test for the subset protocol's (the driver evaluates those on test); a driver
+    evaluation of another split than ``split`` is refused, never compared."""
     path = eval_dir / f"{row}_s{seed}.{split}.json"
-    if not path.exists() and split != "test":
+    if not path.exists():
         path = final_iteration(eval_dir.parent / "repair" / f"{row}_s{seed}") / "eval" / "eval.json"
-    results = {r["dataset"]: r for r in json.loads(path.read_text())["results"]}
+    evaluation = json.loads(path.read_text())
+    if evaluation.get("split", split) != split:
+        raise SystemExit(f"{path}: an evaluation on {evaluation['split']}, not on {split}")
+    results = {r["dataset"]: r for r in evaluation["results"]}
     scores = (results.get("scifact", {}).get("per_query") or {}).get("ndcg@10")
     if not scores:
         raise SystemExit(f"{path}: no per-query nDCG@10 for scifact")
@@ -62,15 +72,19 @@ def stage2_use(run_dir: Path, corpus: dict[str, dict[str, str]]) -> tuple[set[st
 
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--eval_dir", type=Path, required=True, help="the study's eval folder (<row>_s<seed>.test.json)")
+    p.add_argument("--eval_dir", type=Path, required=True,
+                   help="the study's eval folder (<row>_s<seed>.<split>.json); a row without that file is read from its "
+                        "driver run's last evaluation, <eval_dir>/../repair/<row>_s<seed> (the subset protocol's rows)")
     p.add_argument("--candidate", required=True, help="the row with Stage II's tuples")
     p.add_argument("--baseline", required=True, help="its twin without them")
     p.add_argument("--seeds", type=int, nargs="+", required=True, help="seeds both rows were evaluated for")
     p.add_argument("--run", type=Path, required=True, help="a driver run folder of the candidate row (its tuples)")
     p.add_argument("--scifact", type=Path, required=True, help="the BEIR folder (test claims, qrels, corpus)")
     p.add_argument("--split", default="test",
-                   help="test (the study's evaluation files) or dev (the driver runs' own evaluations; --scifact is "
-                        "then the study's T0/dev folder, <out>/data/scifact-t0-dev) (default: %(default)s)")
+                   help="test (the study's evaluation files; the subset protocol's driver runs evaluate on test, "
+                        "--scifact is then <out>/data/scifact-subset-*) or dev (the full protocol's driver runs' own "
+                        "evaluations; --scifact is then the study's T0/dev folder, <out>/data/scifact-t0-dev) "
+                        "(default: %(default)s)")
     p.add_argument("--top", type=positive_int, default=8, help="claims listed each way (default: %(default)s)")
     args = p.parse_args(argv)
     data = load_beir(args.scifact, args.split)

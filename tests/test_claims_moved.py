@@ -52,3 +52,36 @@ def test_groups_claims_by_what_stage2_taught_their_gold_document(tmp_path):
     assert lines[3:6] == ["| hard negative | 1 | -0.3000 | 0 | 1 |", "| positive | 1 | +0.3000 | 1 | 0 |",
                           "| – | 1 | +0.0000 | 0 | 0 |"]
     assert lines[-2:] == ["| 1 | +0.300 | positive | claim 1 |", "| 2 | -0.300 | hard negative | claim 2 |"]
+
+
+def test_a_driver_row_is_read_from_its_own_last_evaluation_and_only_on_the_split_asked(tmp_path):
+    """The subset protocol's rows have no study evaluation file: their per-claim test numbers are the driver's own
+    last evaluation (the iteration report.json lists last); an evaluation on another split is refused."""
+    data = beir(tmp_path / "scifact")
+    out = tmp_path / "out"
+
+    def driver_row(name: str, split: str, scores: dict[str, float]) -> Path:
+        run = out / "repair" / name
+        for i, values in ((0, {q: 0.0 for q in scores}), (1, scores)):  # iteration 0 (the warm start) is not it
+            path = run / f"iter{i}" / "eval" / "eval.json"
+            path.parent.mkdir(parents=True)
+            path.write_text(json.dumps({"split": split, "results": [
+                {"dataset": "scifact", "per_query": {"ndcg@10": values}}, {"dataset": "biosses"}]}))
+        (run / "report.json").write_text(json.dumps({"iterations": [{"iter": 0}, {"iter": 1}]}))
+        return run
+
+    run = driver_row("cand_s3", "test", {"1": 1.0, "2": 0.5, "3": 0.25})
+    write_jsonl(run / "iter1" / "differentiation" / "final_train_data.bottom_30pct.jsonl", [
+        {"source": "local_corpus", "pos_document": "abstract 0", "d_neg": "abstract 1", "hard_negatives": ["abstract 1"]}])
+    driver_row("base_s3", "test", {"1": 0.5, "2": 0.5, "3": 0.5})
+    command = [sys.executable, str(SCRIPT), "--eval_dir", str(out / "eval"), "--candidate", "cand", "--baseline",
+               "base", "--seeds", "3", "--run", str(run), "--scifact", str(data), "--top", "1"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[3:6] == ["| hard negative | 1 | +0.0000 | 0 | 0 |", "| positive | 1 | +0.5000 | 1 | 0 |",
+                          "| – | 1 | -0.2500 | 0 | 1 |"]
+    driver_row("dev_s3", "dev", {"1": 0.5, "2": 0.5, "3": 0.5})
+    command[command.index("base")] = "dev"
+    refused = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    assert refused.returncode != 0 and "an evaluation on dev, not on test" in refused.stderr
