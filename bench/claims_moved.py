@@ -8,8 +8,8 @@ test nDCG@10 (``<eval_dir>/<row>_s<seed>.test.json``, the study's own evaluation
 protocol's driver rows the driver's own test evaluation), averages each claim's
 difference over the seeds both rows have, and sorts the claims by how the candidate run's Stage II tuples (every
 final training tuple not from Q_conf's own claims, ``differentiation/final_train_data.*.jsonl`` of ``--run``) use
-their gold documents: as a positive, as a hard negative, or not at all. Prints that summary, then the claims that
-moved most, up and down.
+their gold documents: as a positive, as a hard negative, or not at all. Prints the mean change with its paired
+randomization p (over the claims), that summary, then the claims that moved most, up and down.
 
 Example:
   python bench/claims_moved.py --eval_dir runs/quality/eval --candidate repair_conf_hard --baseline repair_conf_only \\
@@ -23,7 +23,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
@@ -31,25 +30,10 @@ from repair.cli import positive_int, run_script
 from repair.data import iter_jsonl, load_beir
 from repair.diagnosis.confused_tuples import SOURCE as CONFUSED_SOURCE
 from repair.evaluation.report import final_iteration
+from repair.metrics import paired_randomization_p
 from repair.tables import markdown_table
 
-
-def per_claim(eval_dir: Path, row: str, seed: int, split: str = "test") -> dict[str, float]:
-    """One row's per-claim nDCG@10 for one seed: the study's evaluation file ``<row>_s<seed>.<split>.json``, else the
-    driver run's own last evaluation (``<eval_dir>/../repair/<row>_s<seed>``), which is dev for the full-data
-    protocol's driver rows and test for the subset protocol's (the driver evaluates those on test); a driver
-    evaluation of another split than ``split`` is refused, never compared."""
-    path = eval_dir / f"{row}_s{seed}.{split}.json"
-    if not path.exists():
-        path = final_iteration(eval_dir.parent / "repair" / f"{row}_s{seed}") / "eval" / "eval.json"
-    evaluation = json.loads(path.read_text())
-    if evaluation.get("split", split) != split:
-        raise SystemExit(f"{path}: an evaluation on {evaluation['split']}, not on {split}")
-    results = {r["dataset"]: r for r in evaluation["results"]}
-    scores = (results.get("scifact", {}).get("per_query") or {}).get("ndcg@10")
-    if not scores:
-        raise SystemExit(f"{path}: no per-query nDCG@10 for scifact")
-    return scores
+from quality_scifact import row_per_query  # the study's folder layout: one reader of a row's per-claim scores
 
 
 def stage2_use(run_dir: Path, corpus: dict[str, dict[str, str]]) -> tuple[set[str], set[str]]:
@@ -88,8 +72,11 @@ def main(argv: list[str]) -> None:
     p.add_argument("--top", type=positive_int, default=8, help="claims listed each way (default: %(default)s)")
     args = p.parse_args(argv)
     data = load_beir(args.scifact, args.split)
-    cand = [per_claim(args.eval_dir, args.candidate, s, args.split) for s in args.seeds]
-    base = [per_claim(args.eval_dir, args.baseline, s, args.split) for s in args.seeds]
+    try:
+        cand = [row_per_query(args.eval_dir, f"{args.candidate}_s{s}", args.split) for s in args.seeds]
+        base = [row_per_query(args.eval_dir, f"{args.baseline}_s{s}", args.split) for s in args.seeds]
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(str(err)) from None
     moved = {q: statistics.mean(c[q] - b[q] for c, b in zip(cand, base)) for q in sorted(cand[0])}
     positives, negatives = stage2_use(args.run, data.corpus)
 
@@ -101,8 +88,9 @@ def main(argv: list[str]) -> None:
     groups: dict[str, list[float]] = {}
     for qid, delta in moved.items():
         groups.setdefault(use(qid), []).append(delta)
-    print(f"{args.candidate} - {args.baseline}, {args.split} nDCG@10 per claim, mean over seeds {args.seeds}; Stage II's "
-          f"final tuples use {len(positives)} documents as positives, {len(negatives)} as hard negatives")
+    print(f"{args.candidate} - {args.baseline}, {args.split} nDCG@10 per claim, mean over seeds {args.seeds}: "
+          f"{statistics.mean(moved.values()):+.4f}, paired randomization p {paired_randomization_p(list(moved.values())):.3f}; "
+          f"Stage II's final tuples use {len(positives)} documents as positives, {len(negatives)} as hard negatives")
     print(markdown_table(["gold document in Stage II's tuples as", "claims", "mean change", "better", "worse"],
                          [[name, len(d), f"{statistics.mean(d):+.4f}", sum(x > 1e-12 for x in d),
                            sum(x < -1e-12 for x in d)] for name, d in sorted(groups.items())]))

@@ -867,25 +867,40 @@ def _steps_of(by_seed: dict[int, dict]) -> set:
     return {r.get("steps") for r in by_seed.values()} - {None}
 
 
+def row_per_query(eval_dir: Path, key: str, split: str = "test") -> dict[str, float]:
+    """One study row's per-claim SciFact nDCG@10 for one seed (``key`` = ``<row>_s<seed>``): the study's evaluation
+    file ``<eval_dir>/<key>.<split>.json``, else the evaluation of the last iteration of the row's finished driver run
+    ``<eval_dir>/../repair/<key>`` (the subset protocol's rows, which the driver itself evaluates on test; the full
+    protocol's driver runs evaluate on dev). Raises FileNotFoundError when neither exists and ValueError for an
+    evaluation of another split or one without per-query scores (files written before 2026-12-02): a comparison is
+    never made against another split's numbers."""
+    path = eval_dir / f"{key}.{split}.json"
+    if not path.exists():
+        run_dir = eval_dir.parent / "repair" / key
+        if not (run_dir / "report.json").exists():
+            raise FileNotFoundError(f"{path}: no such evaluation file, and {run_dir} is no finished driver run")
+        path = final_iteration(run_dir) / "eval" / "eval.json"
+    evaluation = json.loads(path.read_text())
+    if evaluation.get("split", split) != split:
+        raise ValueError(f"{path}: an evaluation on {evaluation['split']}, not on {split}")
+    results = {r["dataset"]: r for r in evaluation["results"]}
+    scores = (results.get("scifact", {}).get("per_query") or {}).get("ndcg@10")
+    if not scores:
+        raise ValueError(f"{path}: no per-query nDCG@10 for scifact")
+    return scores
+
+
 def per_query_test(eval_dir: Path, candidate: str, baseline: str, seeds: list[int]) -> str:
-    """Query by query on the test claims, for the seeds both rows have an evaluation file with per-query nDCG@10 for
-    (rows evaluated in this folder since 2026-12-02): each claim's difference averaged over those seeds, how many
-    claims the candidate ranks better / worse, and the paired randomization test's two-sided p of the mean."""
+    """Query by query on the test claims, for the seeds both rows have per-query test nDCG@10 for
+    (:func:`row_per_query`): each claim's difference averaged over those seeds, how many claims the candidate ranks
+    better / worse, and the paired randomization test's two-sided p of the mean."""
     from repair.metrics import paired_randomization_p
 
     def per_query(key: str) -> dict[str, float] | None:
-        path = eval_dir / f"{key}.test.json"
-        if not path.exists():
-            # a driver row the driver itself evaluated on test (the subset protocol, whose only split is test): the
-            # evaluation of its report's last iteration is the row's result (Study.variant)
-            run_dir = eval_dir.parent / "repair" / key
-            if not (run_dir / "report.json").exists():
-                return None
-            path = final_iteration(run_dir) / "eval" / "eval.json"
-            if not path.exists() or json.loads(path.read_text()).get("split") != "test":
-                return None
-        results = {r["dataset"]: r for r in json.loads(path.read_text())["results"]}
-        return (results.get("scifact", {}).get("per_query") or {}).get("ndcg@10")
+        try:
+            return row_per_query(eval_dir, key, "test")
+        except (FileNotFoundError, ValueError):
+            return None
 
     pairs = [(s, c, b) for s in seeds if (c := per_query(f"{candidate}_s{s}")) and (b := per_query(f"{baseline}_s{s}"))]
     if not pairs:

@@ -48,6 +48,8 @@ def test_groups_claims_by_what_stage2_taught_their_gold_document(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert "use 1 documents as positives, 1 as hard negatives" in lines[0]
+    # the mean of +0.3, -0.3 and 0, and its p: every sign flip of (+0.3, -0.3) is as far from 0 as 0 is
+    assert "mean over seeds [1, 2]: +0.0000, paired randomization p 1.000;" in lines[0]
     # claim 1 (gold d0, a positive): +0.3 (+0.4, +0.2); claim 2 (gold d1, d-): -0.3; claim 3 (d3: Q_conf only): 0
     assert lines[3:6] == ["| hard negative | 1 | -0.3000 | 0 | 1 |", "| positive | 1 | +0.3000 | 1 | 0 |",
                           "| – | 1 | +0.0000 | 0 | 0 |"]
@@ -79,6 +81,7 @@ def test_a_driver_row_is_read_from_its_own_last_evaluation_and_only_on_the_split
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
+    assert "mean over seeds [3]: +0.0833," in lines[0]  # (+0.5 + 0 - 0.25) / 3: the last iteration's, not iter0's
     assert lines[3:6] == ["| hard negative | 1 | +0.0000 | 0 | 0 |", "| positive | 1 | +0.5000 | 1 | 0 |",
                           "| – | 1 | -0.2500 | 0 | 1 |"]
     driver_row("dev_s3", "dev", {"1": 0.5, "2": 0.5, "3": 0.5})
