@@ -9,7 +9,8 @@ protocol's driver rows the driver's own test evaluation), averages each claim's
 difference over the seeds both rows have, and sorts the claims by how the candidate run's Stage II tuples (every
 final training tuple not from Q_conf's own claims, ``differentiation/final_train_data.*.jsonl`` of ``--run``) use
 their gold documents: as a positive, as a hard negative, or not at all. Prints the mean change with its paired
-randomization p (over the claims), that summary, then the claims that moved most, up and down.
+randomization p (over the claims), with several seeds how far they agree on which claims move, that summary, then
+the claims that moved most, up and down.
 
 Example:
   python bench/claims_moved.py --eval_dir runs/quality/eval --candidate repair_conf_hard --baseline repair_conf_only \\
@@ -26,6 +27,8 @@ import argparse
 import statistics
 from pathlib import Path
 
+import numpy as np
+
 from repair.cli import positive_int, run_script
 from repair.data import iter_jsonl, load_beir
 from repair.diagnosis.confused_tuples import SOURCE as CONFUSED_SOURCE
@@ -34,6 +37,19 @@ from repair.metrics import paired_randomization_p
 from repair.tables import markdown_table
 
 from quality_scifact import row_per_query  # the study's folder layout: one reader of a row's per-claim scores
+
+
+def seed_agreement(changes: list[dict[str, float]]) -> tuple[int, int, float]:
+    """How much the seeds agree on which claims move, from each seed's per-claim change: (claims up on every seed,
+    claims down on every seed, mean Pearson r of two seeds' changes over every pair of seeds). Why: a row's tuples
+    that fix particular confusions move the same claims on every seed; changes that are noise in the encoder agree
+    on few claims and correlate near 0."""
+    claims = sorted(changes[0])
+    up = sum(all(c[q] > 1e-12 for c in changes) for q in claims)
+    down = sum(all(c[q] < -1e-12 for c in changes) for q in claims)
+    vectors = [np.array([c[q] for q in claims]) for c in changes]
+    r = [float(np.corrcoef(a, b)[0, 1]) for i, a in enumerate(vectors) for b in vectors[i + 1:]]
+    return up, down, statistics.mean(r)
 
 
 def stage2_use(run_dir: Path, corpus: dict[str, dict[str, str]]) -> tuple[set[str], set[str]]:
@@ -77,7 +93,8 @@ def main(argv: list[str]) -> None:
         base = [row_per_query(args.eval_dir, f"{args.baseline}_s{s}", args.split) for s in args.seeds]
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(str(err)) from None
-    moved = {q: statistics.mean(c[q] - b[q] for c, b in zip(cand, base)) for q in sorted(cand[0])}
+    per_seed = [{q: c[q] - b[q] for q in c} for c, b in zip(cand, base)]
+    moved = {q: statistics.mean(change[q] for change in per_seed) for q in sorted(cand[0])}
     positives, negatives = stage2_use(args.run, data.corpus)
 
     def use(qid: str) -> str:
@@ -91,6 +108,10 @@ def main(argv: list[str]) -> None:
     print(f"{args.candidate} - {args.baseline}, {args.split} nDCG@10 per claim, mean over seeds {args.seeds}: "
           f"{statistics.mean(moved.values()):+.4f}, paired randomization p {paired_randomization_p(list(moved.values())):.3f}; "
           f"Stage II's final tuples use {len(positives)} documents as positives, {len(negatives)} as hard negatives")
+    if len(per_seed) > 1:
+        up, down, r = seed_agreement(per_seed)
+        print(f"the same way on every seed: {up} claims up, {down} down; two seeds' per-claim changes correlate "
+              f"r {r:+.2f} (mean over pairs of seeds)")
     print(markdown_table(["gold document in Stage II's tuples as", "claims", "mean change", "better", "worse"],
                          [[name, len(d), f"{statistics.mean(d):+.4f}", sum(x > 1e-12 for x in d),
                            sum(x < -1e-12 for x in d)] for name, d in sorted(groups.items())]))

@@ -51,7 +51,10 @@ def test_groups_claims_by_what_stage2_taught_their_gold_document(tmp_path):
     # the mean of +0.3, -0.3 and 0, and its p: every sign flip of (+0.3, -0.3) is as far from 0 as 0 is
     assert "mean over seeds [1, 2]: +0.0000, paired randomization p 1.000;" in lines[0]
     # claim 1 (gold d0, a positive): +0.3 (+0.4, +0.2); claim 2 (gold d1, d-): -0.3; claim 3 (d3: Q_conf only): 0
-    assert lines[3:6] == ["| hard negative | 1 | -0.3000 | 0 | 1 |", "| positive | 1 | +0.3000 | 1 | 0 |",
+    # per seed, claim 1 moves +0.4 and +0.2, claim 2 -0.4 and -0.2, claim 3 not: the same way on both, r = 1
+    assert lines[1] == ("the same way on every seed: 1 claims up, 1 down; two seeds' per-claim changes correlate "
+                        "r +1.00 (mean over pairs of seeds)")
+    assert lines[4:7] == ["| hard negative | 1 | -0.3000 | 0 | 1 |", "| positive | 1 | +0.3000 | 1 | 0 |",
                           "| – | 1 | +0.0000 | 0 | 0 |"]
     assert lines[-2:] == ["| 1 | +0.300 | positive | claim 1 |", "| 2 | -0.300 | hard negative | claim 2 |"]
 
@@ -88,3 +91,20 @@ def test_a_driver_row_is_read_from_its_own_last_evaluation_and_only_on_the_split
     command[command.index("base")] = "dev"
     refused = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     assert refused.returncode != 0 and "an evaluation on dev, not on test" in refused.stderr
+
+
+def test_seed_agreement_counts_claims_moved_the_same_way_and_correlates_the_seeds(monkeypatch):
+    """Worked by hand: changes (+1, -1, +1, 0) and (+1, +1, -1, 0) agree on claim a only and correlate
+    r = -1.25 / 2.75; a third seed equal to the first adds the pairs r = 1 and r = -1.25 / 2.75 again."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # claims_moved reads the study's layout from quality_scifact
+    spec = importlib.util.spec_from_file_location("claims_moved", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    first, second = {"a": 1.0, "b": -1.0, "c": 1.0, "d": 0.0}, {"a": 1.0, "b": 1.0, "c": -1.0, "d": 0.0}
+    up, down, r = module.seed_agreement([first, second])
+    assert (up, down) == (1, 0) and abs(r - (-1.25 / 2.75)) < 1e-9
+    up, down, r = module.seed_agreement([first, second, dict(first)])
+    assert (up, down) == (1, 0) and abs(r - (1 - 2 * 1.25 / 2.75) / 3) < 1e-9
+    assert module.seed_agreement([{"a": -0.5, "b": -0.1}, {"a": -0.2, "b": -0.3}])[:2] == (0, 2)
