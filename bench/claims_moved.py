@@ -19,6 +19,10 @@ Example:
   python bench/claims_moved.py --eval_dir runs/quality_smollm2/eval --candidate repair_conf_one_hard_gen \
       --baseline repair_conf_one_hard --seeds 3 --run runs/quality_smollm2/repair/repair_conf_one_hard_gen_s3 \
       --scifact runs/quality_smollm2/data/scifact-subset-256-100-1000
+  # and the title-form row of the same seed beside it: do two tuple sets move the same claims?
+  python bench/claims_moved.py --eval_dir runs/quality_smollm2/eval --candidate repair_conf_one_hard_gen \
+      --baseline repair_conf_one --seeds 3 --run runs/quality_smollm2/repair/repair_conf_one_hard_gen_s3 \
+      --scifact runs/quality_smollm2/data/scifact-subset-256-100-1000 --other repair_conf_one_hard
 """
 
 from __future__ import annotations
@@ -85,12 +89,17 @@ def main(argv: list[str]) -> None:
                         "--scifact is then <out>/data/scifact-subset-*) or dev (the full protocol's driver runs' own "
                         "evaluations; --scifact is then the study's T0/dev folder, <out>/data/scifact-t0-dev) "
                         "(default: %(default)s)")
+    p.add_argument("--other", metavar="ROW",
+                   help="another row with the same twin and seeds (e.g. the same row with other Stage II tuples): "
+                        "whether the two rows move the same claims on the same seed, which says the seed (warm start, "
+                        "batch order) picks the claims that move rather than what the tuples teach")
     p.add_argument("--top", type=positive_int, default=8, help="claims listed each way (default: %(default)s)")
     args = p.parse_args(argv)
     data = load_beir(args.scifact, args.split)
     try:
         cand = [row_per_query(args.eval_dir, f"{args.candidate}_s{s}", args.split) for s in args.seeds]
         base = [row_per_query(args.eval_dir, f"{args.baseline}_s{s}", args.split) for s in args.seeds]
+        other = [row_per_query(args.eval_dir, f"{args.other}_s{s}", args.split) for s in args.seeds] if args.other else []
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(str(err)) from None
     per_seed = [{q: c[q] - b[q] for q in c} for c, b in zip(cand, base)]
@@ -112,6 +121,10 @@ def main(argv: list[str]) -> None:
         up, down, r = seed_agreement(per_seed)
         print(f"the same way on every seed: {up} claims up, {down} down; two seeds' per-claim changes correlate "
               f"r {r:+.2f} (mean over pairs of seeds)")
+    for seed, change, o, b in zip(args.seeds, per_seed, other, base):
+        up, down, r = seed_agreement([change, {q: o[q] - b[q] for q in o}])
+        print(f"seed {seed}, {args.other} - {args.baseline} beside it: {up} claims up in both, {down} down in both; "
+              f"per-claim changes correlate r {r:+.2f}")
     print(markdown_table(["gold document in Stage II's tuples as", "claims", "mean change", "better", "worse"],
                          [[name, len(d), f"{statistics.mean(d):+.4f}", sum(x > 1e-12 for x in d),
                            sum(x < -1e-12 for x in d)] for name, d in sorted(groups.items())]))

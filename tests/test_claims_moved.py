@@ -57,6 +57,16 @@ def test_groups_claims_by_what_stage2_taught_their_gold_document(tmp_path):
     assert lines[4:7] == ["| hard negative | 1 | -0.3000 | 0 | 1 |", "| positive | 1 | +0.3000 | 1 | 0 |",
                           "| – | 1 | +0.0000 | 0 | 0 |"]
     assert lines[-2:] == ["| 1 | +0.300 | positive | claim 1 |", "| 2 | -0.300 | hard negative | claim 2 |"]
+    # another row beside it, seed by seed: seed 1 moves claims 1 and 3 (+0.1, 0, +0.1) against the candidate's
+    # (+0.4, -0.4, 0): both up on claim 1 only; covariance 0.04 over variances 0.32 and 0.02 / 3 (sums of squares about
+    # the mean), r = sqrt(3) / 2; seed 2 the same as the candidate: r = 1
+    evals(ev, "other", 1, {"1": 0.6, "2": 0.6, "3": 0.6})
+    evals(ev, "other", 2, {"1": 0.7, "2": 0.4, "3": 0.5})
+    beside = subprocess.run([*out.args, "--other", "other"], capture_output=True, text=True, cwd=ROOT)
+    assert beside.returncode == 0, beside.stderr
+    assert beside.stdout.splitlines()[2:4] == [
+        "seed 1, other - base beside it: 1 claims up in both, 0 down in both; per-claim changes correlate r +0.87",
+        "seed 2, other - base beside it: 1 claims up in both, 1 down in both; per-claim changes correlate r +1.00"]
 
 
 def test_a_driver_row_is_read_from_its_own_last_evaluation_and_only_on_the_split_asked(tmp_path):
