@@ -15,11 +15,8 @@ the claims that moved most, up and down.
 Example:
   python bench/claims_moved.py --eval_dir runs/quality/eval --candidate repair_conf_hard --baseline repair_conf_only \\
       --seeds 1 2 3 --run runs/quality/repair/repair_conf_hard_s1 --scifact ../shared/data/scifact
-  # the decoder path (the subset protocol: the driver's own test evaluations, the subset's BEIR folder)
-  python bench/claims_moved.py --eval_dir runs/quality_smollm2/eval --candidate repair_conf_one_hard_gen \
-      --baseline repair_conf_one_hard --seeds 3 --run runs/quality_smollm2/repair/repair_conf_one_hard_gen_s3 \
-      --scifact runs/quality_smollm2/data/scifact-subset-256-100-1000
-  # and the title-form row of the same seed beside it: do two tuple sets move the same claims?
+  # the decoder path (the subset protocol: the driver's own test evaluations, the subset's BEIR folder), with the
+  # title-form row of the same seed beside it (--other: do two tuple sets move the same claims?)
   python bench/claims_moved.py --eval_dir runs/quality_smollm2/eval --candidate repair_conf_one_hard_gen \
       --baseline repair_conf_one --seeds 3 --run runs/quality_smollm2/repair/repair_conf_one_hard_gen_s3 \
       --scifact runs/quality_smollm2/data/scifact-subset-256-100-1000 --other repair_conf_one_hard
