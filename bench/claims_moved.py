@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from pathlib import Path
 
@@ -41,16 +42,21 @@ from quality_scifact import row_per_query  # the study's folder layout: one read
 
 
 def seed_agreement(changes: list[dict[str, float]]) -> tuple[int, int, float]:
-    """How much the seeds agree on which claims move, from each seed's per-claim change: (claims up on every seed,
-    claims down on every seed, mean Pearson r of two seeds' changes over every pair of seeds). Why: a row's tuples
-    that fix particular confusions move the same claims on every seed; changes that are noise in the encoder agree
-    on few claims and correlate near 0."""
+    """How far several per-claim changes agree (the seeds of one row, or two rows on one seed): (claims up in every
+    one, claims down in every one, mean Pearson r over every pair of them; nan when no pair has two changes that
+    vary, e.g. a row identical to its twin). Why: tuples that fix particular confusions move the same claims on
+    every seed; changes that are noise in the encoder agree on few claims and correlate near 0."""
     claims = sorted(changes[0])
     up = sum(all(c[q] > 1e-12 for c in changes) for q in claims)
     down = sum(all(c[q] < -1e-12 for c in changes) for q in claims)
     vectors = [np.array([c[q] for q in claims]) for c in changes]
-    r = [float(np.corrcoef(a, b)[0, 1]) for i, a in enumerate(vectors) for b in vectors[i + 1:]]
-    return up, down, statistics.mean(r)
+    r = [float(np.corrcoef(a, b)[0, 1]) for i, a in enumerate(vectors) for b in vectors[i + 1:]
+         if a.std() > 0 and b.std() > 0]
+    return up, down, statistics.mean(r) if r else float("nan")
+
+
+def _correlation(r: float) -> str:
+    return f"correlate r {r:+.2f}" if not math.isnan(r) else "have no correlation (one moved no claim)"
 
 
 def stage2_use(run_dir: Path, corpus: dict[str, dict[str, str]]) -> tuple[set[str], set[str]]:
@@ -116,12 +122,12 @@ def main(argv: list[str]) -> None:
           f"Stage II's final tuples use {len(positives)} documents as positives, {len(negatives)} as hard negatives")
     if len(per_seed) > 1:
         up, down, r = seed_agreement(per_seed)
-        print(f"the same way on every seed: {up} claims up, {down} down; two seeds' per-claim changes correlate "
-              f"r {r:+.2f} (mean over pairs of seeds)")
+        print(f"the same way on every seed: {up} claims up, {down} down; two seeds' per-claim changes {_correlation(r)} "
+              f"(mean over pairs of seeds)")
     for seed, change, o, b in zip(args.seeds, per_seed, other, base):
         up, down, r = seed_agreement([change, {q: o[q] - b[q] for q in o}])
         print(f"seed {seed}, {args.other} - {args.baseline} beside it: {up} claims up in both, {down} down in both; "
-              f"per-claim changes correlate r {r:+.2f}")
+              f"per-claim changes {_correlation(r)}")
     print(markdown_table(["gold document in Stage II's tuples as", "claims", "mean change", "better", "worse"],
                          [[name, len(d), f"{statistics.mean(d):+.4f}", sum(x > 1e-12 for x in d),
                            sum(x < -1e-12 for x in d)] for name, d in sorted(groups.items())]))

@@ -2,6 +2,7 @@
 use each claim's gold document (issue 43's "which claims move, up and down"). Values worked out by hand."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +119,6 @@ def test_seed_agreement_counts_claims_moved_the_same_way_and_correlates_the_seed
     up, down, r = module.seed_agreement([first, second, dict(first)])
     assert (up, down) == (1, 0) and abs(r - (1 - 2 * 1.25 / 2.75) / 3) < 1e-9
     assert module.seed_agreement([{"a": -0.5, "b": -0.1}, {"a": -0.2, "b": -0.3}])[:2] == (0, 2)
+    # a row identical to its twin on a seed moves nothing: no correlation to report, not a number
+    up, down, r = module.seed_agreement([first, {"a": 0.0, "b": 0.0, "c": 0.0, "d": 0.0}])
+    assert (up, down) == (0, 0) and math.isnan(r)
