@@ -38,7 +38,8 @@ from repair.evaluation.report import final_iteration
 from repair.metrics import paired_randomization_p
 from repair.tables import markdown_table
 
-from quality_scifact import row_per_query  # the study's folder layout: one reader of a row's per-claim scores
+# the study's folder layout and its per-claim comparison of two rows: one implementation, shared with --compare
+from quality_scifact import MOVED, better_worse, claim_changes, mean_changes
 
 
 def seed_agreement(changes: list[dict[str, float]]) -> tuple[int, int, float]:
@@ -47,8 +48,8 @@ def seed_agreement(changes: list[dict[str, float]]) -> tuple[int, int, float]:
     vary, e.g. a row identical to its twin). Why: tuples that fix particular confusions move the same claims on
     every seed; changes that are noise in the encoder agree on few claims and correlate near 0."""
     claims = sorted(changes[0])
-    up = sum(all(c[q] > 1e-12 for c in changes) for q in claims)
-    down = sum(all(c[q] < -1e-12 for c in changes) for q in claims)
+    up = sum(all(c[q] > MOVED for c in changes) for q in claims)
+    down = sum(all(c[q] < -MOVED for c in changes) for q in claims)
     vectors = [np.array([c[q] for q in claims]) for c in changes]
     r = [float(np.corrcoef(a, b)[0, 1]) for i, a in enumerate(vectors) for b in vectors[i + 1:]
          if a.std() > 0 and b.std() > 0]
@@ -100,13 +101,12 @@ def main(argv: list[str]) -> None:
     args = p.parse_args(argv)
     data = load_beir(args.scifact, args.split)
     try:
-        cand = [row_per_query(args.eval_dir, f"{args.candidate}_s{s}", args.split) for s in args.seeds]
-        base = [row_per_query(args.eval_dir, f"{args.baseline}_s{s}", args.split) for s in args.seeds]
-        other = [row_per_query(args.eval_dir, f"{args.other}_s{s}", args.split) for s in args.seeds] if args.other else []
+        per_seed = [claim_changes(args.eval_dir, args.candidate, args.baseline, s, args.split) for s in args.seeds]
+        other = ([claim_changes(args.eval_dir, args.other, args.baseline, s, args.split) for s in args.seeds]
+                 if args.other else [])
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(str(err)) from None
-    per_seed = [{q: c[q] - b[q] for q in c} for c, b in zip(cand, base)]
-    moved = {q: statistics.mean(change[q] for change in per_seed) for q in sorted(cand[0])}
+    moved = mean_changes(per_seed)
     positives, negatives = stage2_use(args.run, data.corpus)
 
     def use(qid: str) -> str:
@@ -124,13 +124,13 @@ def main(argv: list[str]) -> None:
         up, down, r = seed_agreement(per_seed)
         print(f"the same way on every seed: {up} claims up, {down} down; two seeds' per-claim changes {_correlation(r)} "
               f"(mean over pairs of seeds)")
-    for seed, change, o, b in zip(args.seeds, per_seed, other, base):
-        up, down, r = seed_agreement([change, {q: o[q] - b[q] for q in o}])
+    for seed, change, other_change in zip(args.seeds, per_seed, other):
+        up, down, r = seed_agreement([change, other_change])
         print(f"seed {seed}, {args.other} - {args.baseline} beside it: {up} claims up in both, {down} down in both; "
               f"per-claim changes {_correlation(r)}")
     print(markdown_table(["gold document in Stage II's tuples as", "claims", "mean change", "better", "worse"],
-                         [[name, len(d), f"{statistics.mean(d):+.4f}", sum(x > 1e-12 for x in d),
-                           sum(x < -1e-12 for x in d)] for name, d in sorted(groups.items())]))
+                         [[name, len(d), f"{statistics.mean(d):+.4f}", *better_worse(d)]
+                          for name, d in sorted(groups.items())]))
     ranked = sorted(moved.items(), key=lambda kv: kv[1])
     shown = [kv for kv in ranked[::-1][:args.top] if kv[1] > 0] + [kv for kv in ranked[:args.top] if kv[1] < 0]
     print()

@@ -77,7 +77,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -890,25 +890,46 @@ def row_per_query(eval_dir: Path, key: str, split: str = "test") -> dict[str, fl
     return scores
 
 
+# a per-claim change smaller than this is no change (the float noise of two equal rankings' nDCG)
+MOVED = 1e-12
+
+
+def claim_changes(eval_dir: Path, candidate: str, baseline: str, seed: int, split: str = "test") -> dict[str, float]:
+    """Candidate minus baseline, claim by claim, on one seed (both read by :func:`row_per_query`, whose errors pass
+    through): the paired per-query difference every per-claim comparison of two rows starts from."""
+    cand = row_per_query(eval_dir, f"{candidate}_s{seed}", split)
+    base = row_per_query(eval_dir, f"{baseline}_s{seed}", split)
+    return {q: cand[q] - base[q] for q in sorted(cand)}
+
+
+def mean_changes(per_seed: list[dict[str, float]]) -> dict[str, float]:
+    """Each claim's change averaged over seeds (the per-claim values the paired randomization test is run on)."""
+    return {q: statistics.mean(change[q] for change in per_seed) for q in per_seed[0]}
+
+
+def better_worse(changes: Iterable[float]) -> tuple[int, int]:
+    """How many claims the candidate ranks better and worse (changes beyond :data:`MOVED` either way)."""
+    values = list(changes)
+    return sum(d > MOVED for d in values), sum(d < -MOVED for d in values)
+
+
 def per_query_test(eval_dir: Path, candidate: str, baseline: str, seeds: list[int]) -> str:
     """Query by query on the test claims, for the seeds both rows have per-query test nDCG@10 for
     (:func:`row_per_query`): each claim's difference averaged over those seeds, how many claims the candidate ranks
     better / worse, and the paired randomization test's two-sided p of the mean."""
     from repair.metrics import paired_randomization_p
 
-    def per_query(key: str) -> dict[str, float] | None:
+    per_seed: dict[int, dict[str, float]] = {}
+    for seed in seeds:
         try:
-            return row_per_query(eval_dir, key, "test")
+            per_seed[seed] = claim_changes(eval_dir, candidate, baseline, seed, "test")
         except (FileNotFoundError, ValueError):
-            return None
-
-    pairs = [(s, c, b) for s in seeds if (c := per_query(f"{candidate}_s{s}")) and (b := per_query(f"{baseline}_s{s}"))]
-    if not pairs:
+            continue  # a row without per-claim test numbers for this seed: compared on the other seeds
+    if not per_seed:
         return "–"
-    queries = sorted(pairs[0][1])
-    diffs = [statistics.mean(c[q] - b[q] for _, c, b in pairs) for q in queries]
-    better, worse = sum(d > 1e-12 for d in diffs), sum(d < -1e-12 for d in diffs)
-    return (f"s{','.join(str(s) for s, _, _ in pairs)}: {better} better / {worse} worse of {len(queries)}, "
+    diffs = list(mean_changes(list(per_seed.values())).values())
+    better, worse = better_worse(diffs)
+    return (f"s{','.join(map(str, per_seed))}: {better} better / {worse} worse of {len(diffs)}, "
             f"p {paired_randomization_p(diffs):.3f}")
 
 
